@@ -1,0 +1,51 @@
+# kassay — the two commands a user needs: `make run` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PORT ?= 8000
+
+.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# The CPU build of torch lies on local disk; a plain `torch` requirement would pull a CUDA build.
+	$(BIN)/python -m pip install -q torch==2.13.0 triton==3.9.0
+	$(BIN)/python -m pip install -q -e '.[dev,all]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check service client tests bench
+	$(BIN)/ruff format --check service client tests bench
+
+typecheck: venv
+	$(BIN)/mypy service/kassay client/kassay_client
+
+check-protos: venv
+	$(BIN)/python -m kassay.worker.protogen --check
+
+test: venv lint typecheck check-protos
+	$(BIN)/python -m pytest -q -ra -m "not gpu" tests
+
+unit: venv
+	$(BIN)/python -m pytest -q -ra tests/unit
+
+integration: venv
+	$(BIN)/python -m pytest -q -ra tests/integration
+
+protos: venv
+	$(BIN)/python -m kassay.worker.protogen
+
+# The embedded default: API + local worker + SQLite; submits the smoke job and keeps serving.
+run: venv
+	$(BIN)/kassay demo --port $(PORT) --keep-serving examples/smoke.yaml
+
+demo: venv
+	$(BIN)/kassay demo --port $(PORT) examples/smoke.yaml
+
+clean:
+	rm -rf $(VENV) .kassay .mypy_cache .ruff_cache .pytest_cache

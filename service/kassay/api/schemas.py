@@ -1,0 +1,85 @@
+"""Response bodies of the REST API (the OpenAPI schema at /docs is built from these)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from kassay.api.store import JobRecord
+
+
+class Progress(BaseModel):
+    total: int
+    done: int
+    passed: int = 0
+    failed: int = 0
+    error: int = 0
+    crashed: int = 0
+    timeout: int = 0
+    unsupported: int = 0
+    skipped: int = 0
+
+
+class JobLinks(BaseModel):
+    self: str
+    report: str
+    events: str
+    cancel: str
+
+
+class Job(BaseModel):
+    """A job's state and progress."""
+
+    id: str
+    name: str
+    state: str = Field(description="queued | running | finished | cancelled")
+    labels: dict[str, str]
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    progress: Progress
+    ok: bool | None = Field(
+        None, description="once over: no case failed, errored, crashed or timed out")
+    links: JobLinks
+
+    @classmethod
+    def of(cls, rec: JobRecord) -> Job:
+        def ts(t: float | None) -> datetime | None:
+            return datetime.fromtimestamp(t, timezone.utc) if t is not None else None
+
+        base = f"/v1/jobs/{rec.id}"
+        created = ts(rec.created_at)
+        assert created is not None
+        return cls(
+            id=rec.id, name=rec.name, state=rec.state, labels=rec.labels,
+            created_at=created, started_at=ts(rec.started_at), finished_at=ts(rec.finished_at),
+            progress=Progress(total=rec.total, done=rec.done, **rec.counts), ok=rec.ok,
+            links=JobLinks(self=base, report=f"{base}/report", events=f"{base}/events",
+                           cancel=f"{base}/cancel"),
+        )
+
+
+class JobPage(BaseModel):
+    items: list[Job]
+    next_cursor: str | None = Field(None, description="pass as ?cursor= for the next page")
+
+
+class WorkerInfo(BaseModel):
+    address: str
+    state: str = Field(description="up | down | unknown")
+    device: str | None = None
+    device_name: str | None = None
+    memory_bytes: int | None = None
+    ops: dict[str, list[str]] = Field(default_factory=dict, description="op -> impl names")
+    running: list[str] = Field(default_factory=list, description="job_id/group_id in flight")
+    last_seen: datetime | None = None
+    last_error: str | None = None
+    environment: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: str
+    message: str
+    details: dict[str, Any] = Field(default_factory=dict)

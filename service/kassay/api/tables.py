@@ -1,0 +1,90 @@
+"""The job store's schema (SQLAlchemy Core): jobs, their labels, input groups and cases.
+
+Times are float epoch seconds (portable across SQLite and PostgreSQL, cheap to compare).
+A case row exists from submission on; its status and result fill in when the worker reports it,
+so an unfinished case is a row whose status is NULL.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+STATUS_COLUMNS = ("passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped")
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("id", String(40), nullable=False, unique=True),
+    Column("name", String(200), nullable=False, index=True),
+    Column("state", String(16), nullable=False, index=True),
+    Column("labels", JSON, nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("idempotency_key", String(200), unique=True),
+    Column("body_hash", String(64)),
+    Column("created_at", Float, nullable=False),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("total", Integer, nullable=False),
+    Column("done", Integer, nullable=False, default=0),
+    *(Column(name, Integer, nullable=False, default=0) for name in STATUS_COLUMNS),
+    Column("cancel_requested", Boolean, nullable=False, default=False),
+    Column("environments", JSON, nullable=False),
+)
+
+job_labels = Table(
+    "job_labels",
+    metadata,
+    Column("job_id", String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("key", String(200), primary_key=True),
+    Column("value", String(1000), nullable=False),
+    Index("ix_job_labels_kv", "key", "value"),
+)
+
+groups = Table(
+    "groups",
+    metadata,
+    Column("job_id", String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("group_id", String(64), primary_key=True),
+    Column("job_seq", Integer, nullable=False),
+    Column("idx", Integer, nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("state", String(16), nullable=False),  # pending | leased | done | cancelled
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("worker", String(200)),
+    Column("owner", String(64)),
+    Column("lease_expires_at", Float),
+    Column("last_error", Text),
+    Index("ix_groups_queue", "state", "job_seq", "idx"),
+)
+
+cases = Table(
+    "cases",
+    metadata,
+    Column("job_id", String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("case_id", String(200), primary_key=True),
+    Column("idx", Integer, nullable=False),
+    Column("group_id", String(64), nullable=False),
+    Column("impl", String(200), nullable=False),
+    Column("dtype", String(32), nullable=False),
+    Column("status", String(16)),
+    Column("result", JSON),
+    Column("seq", Integer),
+    Column("finished_at", Float),
+    Index("ix_cases_job_seq", "job_id", "seq"),
+    Index("ix_cases_job_group", "job_id", "group_id"),
+)

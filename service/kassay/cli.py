@@ -1,0 +1,63 @@
+"""The `kassay` command. Each area registers its own subcommands:
+
+- engine (this file and kassay.validate.cli): `run`, `selftest`
+- worker (kassay.worker.cli): `worker`
+- api (kassay.api.cli): `api`, `serve`, `demo`
+- client (kassay_client.cli): `submit`, `wait`, `report`, `jobs`, `cancel`
+
+Registration modules keep heavy imports (torch, grpc, fastapi) inside their command functions so
+that `kassay --help` and the client commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+_AREAS = ("kassay.validate.cli", "kassay.worker.cli", "kassay.api.cli", "kassay_client.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from kassay import __version__
+
+    parser = argparse.ArgumentParser(prog="kassay", description="kassay: kernel assay")
+    parser.add_argument("--version", action="version", version=f"kassay {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for mod in _AREAS:
+        try:
+            area = importlib.import_module(mod)
+        except ImportError:
+            continue  # an area whose extra is not installed offers no commands
+        area.register(sub)
+    return parser
+
+
+def ensure_triton_mode() -> None:
+    """Triton kernels run under the interpreter when no GPU is present; the variable must be set
+    before any kernel module is imported."""
+    if "TRITON_INTERPRET" in os.environ:
+        return
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ensure_triton_mode()
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

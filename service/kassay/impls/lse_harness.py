@@ -1,0 +1,66 @@
+"""The calling convention every lse_merge impl shares.
+
+An lse_merge impl provides up to two functions:
+    merge(outs, lses, *, lse_layout, accumulate) -> (out, lse)
+        outs [K, T, Hh, D] (out dtype), lses [K, Hh, T] or [K, T, Hh] float32, natural log;
+        returns out [T, Hh, D] (out dtype) and lse (float32, input layout).
+    update_(out, lse, out_step, lse_step, *, lse_layout, second_half, acc) -> None
+        in-place step: out [T, Hh, D] and lse (layout) are the caller's accumulator; out_step /
+        lse_step hold one new state (T or, with second_half, T - T//2 positions); acc is None or
+        a float32 [T, Hh, D] accumulator that must be updated too (then out = acc rounded).
+`as_run` drives them for the op's three modes. For the step modes the accumulator is created
+here from state 0 and the result is read back from it: whatever the update returns is ignored,
+so an update that writes to a copy leaves a stale accumulator and is caught.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from kassay.ops.lse_merge import LseMergeParams
+
+Tensors = dict[str, torch.Tensor]
+MergeFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+UpdateFn = Callable[..., Any]
+
+
+def lse_seq_slice(lse: torch.Tensor, layout: str, start: int) -> torch.Tensor:
+    """View of lse positions start.. along the sequence dim, for either layout."""
+    return lse[..., start:] if layout == "hT" else lse[..., start:, :]
+
+
+def as_run(merge: MergeFn | None = None, update: UpdateFn | None = None):
+    def run(inputs: Tensors, params: LseMergeParams) -> Tensors:
+        outs, lses, p = inputs["outs"], inputs["lses"], params
+        if p.mode == "merge":
+            if merge is None:
+                raise RuntimeError("this impl has no K-way merge")
+            out, lse = merge(outs, lses, lse_layout=p.lse_layout, accumulate=p.accumulate)
+            return {"out": out, "lse": lse}
+        if update is None:
+            raise RuntimeError("this impl has no in-place update")
+        acc_out = outs[0].clone()
+        acc_lse = lses[0].clone()
+        acc = acc_out.float() if p.accumulate == "float32" else None
+        half = p.mode == "step_second_half"
+        h = p.T // 2 if half else 0
+        for i in range(1, p.K):
+            update(acc_out, acc_lse, outs[i, h:], lse_seq_slice(lses[i], p.lse_layout, h),
+                   lse_layout=p.lse_layout, second_half=half, acc=acc)
+        return {"out": acc_out, "lse": acc_lse}
+
+    return run
+
+
+def supports_modes(merge: bool, update: bool) -> Callable[[Any, torch.device], str | None]:
+    def supports(params: LseMergeParams, _device: torch.device) -> str | None:
+        if params.mode == "merge" and not merge:
+            return "no K-way merge (in-place step updates only)"
+        if params.mode != "merge" and not update:
+            return "no in-place update (K-way merge only)"
+        return None
+
+    return supports

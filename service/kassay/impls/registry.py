@@ -1,0 +1,125 @@
+"""The implementation registry, keyed by (op, name).
+
+An impl is a callable `run(inputs, params) -> outputs` (dicts of tensors keyed by the op's input
+and output names) plus a `supports(params, device) -> reason | None` predicate. Built-ins register
+on import of `kassay.impls`; third-party packages register through the entry-point group
+`kassay.impls` (an entry point names a callable that takes no argument and returns an `Impl` or a
+list of them). Mutants (the self-test's known-bug corpus) and test-only impls (crash, hang, raise)
+live in the same registry under their own kinds and are hidden unless asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Literal
+
+import torch
+
+from kassay.errors import UnknownImplError
+
+log = logging.getLogger(__name__)
+
+Tensors = dict[str, torch.Tensor]
+RunFn = Callable[[Tensors, Any], Tensors]
+SupportsFn = Callable[[Any, torch.device], "str | None"]
+Kind = Literal["builtin", "peer", "plugin", "mutant", "testing"]
+
+
+def _always(_params: Any, _device: torch.device) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation of one op.
+
+    run: computes every output of the op for `params` from `inputs` (the op's generated inputs,
+    which it must not modify). supports: returns None, or the reason these params/device cannot
+    be run (reported as status `unsupported`). bug: for mutants, the known bug reproduced.
+    """
+
+    op: str
+    name: str
+    run: RunFn
+    description: str = ""
+    supports: SupportsFn = _always
+    kind: Kind = "builtin"
+    bug: str | None = None
+    exposes: tuple[str, ...] = field(default=())  # selftest: regimes that expose a mutant
+
+
+_REGISTRY: dict[tuple[str, str], Impl] = {}
+_HIDDEN_KINDS: frozenset[str] = frozenset({"mutant", "testing"})
+_loaded: set[str] = set()
+
+
+def register(impl: Impl, *, replace: bool = False) -> Impl:
+    key = (impl.op, impl.name)
+    if key in _REGISTRY and not replace and _REGISTRY[key] is not impl:
+        raise ValueError(f"impl {impl.name!r} is already registered for op {impl.op!r}")
+    _REGISTRY[key] = impl
+    return impl
+
+
+def _visible(impl: Impl, include_mutants: bool, include_testing: bool) -> bool:
+    if impl.kind == "mutant":
+        return include_mutants
+    if impl.kind == "testing":
+        return include_testing
+    return True
+
+
+def load(*, mutants: bool = False, testing: bool = False, plugins: bool = True) -> None:
+    """Import the built-in impl modules (idempotent), and optionally the mutant corpus, the
+    test-only impls and the entry-point plugins."""
+    modules = ["kassay.impls.torch_impls", "kassay.impls.peers", "kassay.impls.kassay_impls"]
+    if mutants:
+        modules.append("kassay.impls.mutants")
+    if testing:
+        modules.append("kassay.impls.testing")
+    for mod in modules:
+        if mod not in _loaded:
+            importlib.import_module(mod)
+            _loaded.add(mod)
+    if plugins and "plugins" not in _loaded:
+        _loaded.add("plugins")
+        for ep in entry_points(group="kassay.impls"):
+            try:
+                obj = ep.load()
+                made = obj() if callable(obj) and not isinstance(obj, Impl) else obj
+                items: Iterable[Impl] = [made] if isinstance(made, Impl) else (made or [])
+                for impl in items:
+                    register(impl if impl.kind != "builtin" else _as_plugin(impl), replace=True)
+            except Exception as exc:  # a broken plugin must not take the service down
+                log.warning("impl plugin %s failed to load: %s", ep.name, exc)
+
+
+def _as_plugin(impl: Impl) -> Impl:
+    return Impl(impl.op, impl.name, impl.run, impl.description, impl.supports, "plugin",
+                impl.bug, impl.exposes)
+
+
+def get_impl(op: str, name: str, *, include_mutants: bool = False,
+             include_testing: bool = False) -> Impl:
+    impl = _REGISTRY.get((op, name))
+    if impl is None or not _visible(impl, include_mutants, include_testing):
+        known = [i.name for i in list_impls(op, include_mutants=include_mutants,
+                                            include_testing=include_testing)]
+        raise UnknownImplError(
+            f"unknown impl {name!r} for op {op!r}; known impls: {', '.join(known) or '(none)'}",
+            details={"field": "impls", "op": op, "allowed": known},
+        )
+    return impl
+
+
+def list_impls(op: str | None = None, *, include_mutants: bool = False,
+               include_testing: bool = False) -> list[Impl]:
+    return sorted(
+        (i for i in _REGISTRY.values()
+         if (op is None or i.op == op) and _visible(i, include_mutants, include_testing)),
+        key=lambda i: (i.op, i.name),
+    )

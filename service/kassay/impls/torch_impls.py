@@ -1,0 +1,183 @@
+"""PyTorch impls: the baselines (`torch`), `torch_compile`, `torch_native` (F.linear_cross_entropy
+where the installed torch has it), and re-implementations of two published lse-merge update
+formulas (`te_style`: TransformerEngine's max/log1p in-place steps; `ring_style`:
+ring-flash-attention's sigmoid/logsigmoid update), written here from their formulas.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from kassay.impls import flce_harness, lse_harness
+from kassay.impls.registry import Impl, register
+from kassay.ops.flce import FlceParams
+from kassay.ops.lse_merge import LseMergeParams
+
+# ----------------------------------------------------------------------------------------- flce
+
+
+def flce_eager(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None,
+               p: FlceParams) -> Any:
+    """Eager PyTorch: F.linear in the case dtype, then CE on float32 logits (the usual recipe)."""
+    z = F.linear(x, w, b).float()
+    if p.softcap is not None:
+        z = p.softcap * torch.tanh(z / p.softcap)
+    loss = F.cross_entropy(z, target, ignore_index=p.ignore_index,
+                           label_smoothing=p.label_smoothing, reduction=p.reduction)
+    if p.z_loss_scale == 0 and not p.return_z_loss:
+        return loss
+    valid = target != p.ignore_index
+    zl = flce_harness.z_loss_term(torch.logsumexp(z, dim=-1), valid, p)
+    return loss + zl, zl
+
+
+register(Impl("flce", "torch", flce_harness.as_run(flce_eager),
+              "eager PyTorch: F.linear + F.cross_entropy on float32 logits (the baseline)"))
+
+_compiled: dict[Any, Any] = {}
+
+
+def _flce_compiled(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
+                   b: torch.Tensor | None, p: FlceParams) -> Any:
+    fn = _compiled.get(p)
+    if fn is None:
+        fn = _compiled[p] = torch.compile(flce_eager, dynamic=False)
+    return fn(x, w, target, b, p)
+
+
+register(Impl("flce", "torch_compile", flce_harness.as_run(_flce_compiled),
+              "torch.compile of the eager baseline (inductor)"))
+
+
+def _native_supports(p: FlceParams, _device: torch.device) -> str | None:
+    if not hasattr(F, "linear_cross_entropy"):
+        return f"torch {torch.__version__} has no F.linear_cross_entropy (added in 2.13)"
+    if p.softcap is not None or p.z_loss_scale > 0 or p.return_z_loss:
+        return "F.linear_cross_entropy has no softcap or z-loss"
+    return None
+
+
+def _flce_native(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
+                 b: torch.Tensor | None, p: FlceParams) -> Any:
+    return F.linear_cross_entropy(  # type: ignore[attr-defined]
+        x, w, target, linear_bias=b, reduction=p.reduction, ignore_index=p.ignore_index,
+        label_smoothing=p.label_smoothing, options=torch.nn.LinearCrossEntropyOptions(),  # type: ignore[attr-defined]
+    )
+
+
+register(Impl("flce", "torch_native", flce_harness.as_run(_flce_native),
+              "torch's own F.linear_cross_entropy, chunked path", _native_supports, "peer"))
+
+# ------------------------------------------------------------------------------------ lse_merge
+
+
+def _th(lse: torch.Tensor, layout: str) -> torch.Tensor:
+    return lse.transpose(-1, -2) if layout == "hT" else lse
+
+
+def _empty_to_neginf(lse: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isposinf(lse), torch.full_like(lse, -torch.inf), lse)
+
+
+def merge_torch(outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str,
+                accumulate: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """K-way merge with float32 weights. accumulate='out' sums the weighted states in the out
+    dtype (one rounding per state), 'float32' in float32."""
+    lse = _empty_to_neginf(_th(lses, lse_layout).float())  # [K, T, Hh]
+    m = lse.max(dim=0).values
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w = torch.exp(lse - m_safe)
+    s = w.sum(dim=0)
+    lse_out = m_safe + torch.log(s)
+    coef = torch.where(s > 0, w / s.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+    acc_dtype = torch.float32 if accumulate == "float32" else outs.dtype
+    out = torch.zeros(outs.shape[1:], dtype=acc_dtype, device=outs.device)
+    for k in range(outs.shape[0]):
+        out += (coef[k, ..., None] * outs[k].float()).to(acc_dtype)
+    lse_res = lse_out.transpose(0, 1).contiguous() if lse_layout == "hT" else lse_out
+    return out.to(outs.dtype), lse_res
+
+
+def update_torch(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
+                 lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
+                 acc: torch.Tensor | None) -> None:
+    """In-place step in float32, guarding empty rows (both -inf -> stays -inf, out unchanged)."""
+    h = out.shape[0] - out_step.shape[0] if second_half else 0
+    o = out[h:]
+    a = acc[h:] if acc is not None else None
+    lv = _th(lse, lse_layout)[h:]
+    l_old = _empty_to_neginf(lv.float())
+    l_new = _empty_to_neginf(_th(lse_step, lse_layout).float())
+    m = torch.maximum(l_old, l_new)
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    w_old, w_new = torch.exp(l_old - m_safe), torch.exp(l_new - m_safe)
+    s = w_old + w_new
+    s_safe = torch.where(s > 0, s, torch.ones_like(s))
+    res_lse = torch.where(s > 0, m_safe + torch.log(s_safe), l_old)
+    base = a if a is not None else o.float()
+    res = (w_old / s_safe)[..., None] * base + (w_new / s_safe)[..., None] * out_step.float()
+    res = torch.where((s > 0)[..., None], res, base)
+    if a is not None:
+        a.copy_(res)
+    o.copy_(res)
+    lv.copy_(res_lse)
+
+
+register(Impl("lse_merge", "torch", lse_harness.as_run(merge_torch, update_torch),
+              "eager PyTorch, float32 weights, empty rows guarded (the baseline)"))
+
+
+def update_te_style(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
+                    lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
+                    acc: torch.Tensor | None) -> None:
+    """TransformerEngine's fixed formula: new = max + log1p(exp(min - max)), applied in place;
+    out scaled by exp(lse - new) in float32. Like the original, rows empty in both states give
+    NaN (-inf - -inf) and +inf marks are not special-cased."""
+    h = out.shape[0] - out_step.shape[0] if second_half else 0
+    o = out[h:]
+    lv = _th(lse, lse_layout)[h:]
+    l_new = _th(lse_step, lse_layout).float()
+    mx = torch.maximum(lv, l_new)
+    mn = torch.minimum(lv, l_new)
+    new_lse = mx + torch.log1p(torch.exp(mn - mx))
+    c_old = torch.exp(lv - new_lse)[..., None]
+    c_new = torch.exp(l_new - new_lse)[..., None]
+    base = acc[h:] if acc is not None else o.float()
+    res = c_old * base + c_new * out_step.float()
+    if acc is not None:
+        acc[h:].copy_(res)
+    o.copy_(res)
+    lv.copy_(new_lse)
+
+
+def _steps_only(p: LseMergeParams, _d: torch.device) -> str | None:
+    return "published as an in-place step update only" if p.mode == "merge" else None
+
+
+register(Impl("lse_merge", "te_style", lse_harness.as_run(None, update_te_style),
+              "TransformerEngine-style torch ops (max + log1p, in place)", _steps_only, "peer"))
+
+
+def update_ring_style(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
+                      lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
+                      acc: torch.Tensor | None) -> None:
+    """ring-flash-attention's update: out -= sigmoid(l_new - l) * (out - out_new);
+    lse -= logsigmoid(l - l_new). Float32 math; empty rows are not special-cased."""
+    h = out.shape[0] - out_step.shape[0] if second_half else 0
+    o = out[h:]
+    lv = _th(lse, lse_layout)[h:]
+    l_new = _th(lse_step, lse_layout).float()
+    base = acc[h:] if acc is not None else o.float()
+    res = base - torch.sigmoid(l_new - lv)[..., None] * (base - out_step.float())
+    new_lse = lv - F.logsigmoid(lv - l_new)
+    if acc is not None:
+        acc[h:].copy_(res)
+    o.copy_(res)
+    lv.copy_(new_lse)
+
+
+register(Impl("lse_merge", "ring_style", lse_harness.as_run(None, update_ring_style),
+              "ring-flash-attention-style torch ops (sigmoid / logsigmoid)", _steps_only, "peer"))

@@ -1,0 +1,197 @@
+"""Triton kernels of kassay's fused linear cross-entropy (pure @triton.jit code + tuning).
+
+Launchers, input checks and the autograd Function live in `kassay.kernels.flce`.
+
+Kernels
+- `_ce_rows_kernel`: one program per logits row. Pass 1 streams the row once (online max /
+  sum-exp in float32) and writes lse, the row's loss and z-loss; pass 2 (COMPUTE_GRAD) streams it
+  again and overwrites the logits in place with dloss/dlogits, scaled per row.
+- `_gemm_tn_acc_kernel`: C[M, N] (+)= scale * A^T @ B with A [K, M], B [K, N] (the grad_weight
+  GEMM dlogits^T @ x of one row chunk), accumulating in float32 registers and adding into C in
+  C's dtype (float32, or a power-of-two-scaled float16 accumulator for bfloat16 weights).
+- `_finalize_kernel`: out = (C * factor) cast to out's dtype; safe in place (out aliasing C)
+  because every element is loaded before it is stored by the same program.
+
+All row/column offsets are int64: N*V and V*H pass 2^31 at the shapes this op serves.
+"""
+
+import triton
+import triton.language as tl
+
+# ---- constexpr tuning -------------------------------------------------------------------------
+CE_BLOCK_V_GPU = 4096
+CE_NUM_WARPS_GPU = 16
+CE_BLOCK_V_INTERP = 64
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for the grad_weight GEMM on Hopper.
+GEMM_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
+GEMM_CONFIG_INTERP = (32, 32, 32, 4, 4, 1)
+
+FIN_BLOCK_GPU = 4096
+FIN_BLOCK_INTERP = 1024
+
+
+@triton.jit
+def _tanh(u):
+    # float32 tanh accurate to a few ulp without libdevice (also runs under the interpreter):
+    # odd Taylor series for |u| < 0.1 (truncation < 1e-10 relative), else (1-t)/(1+t), t=e^{-2|u|}.
+    a = tl.abs(u)
+    u2 = u * u
+    series = u * (1.0 + u2 * (-1.0 / 3.0 + u2 * (2.0 / 15.0 + u2 * (-17.0 / 315.0))))
+    t = tl.exp(-2.0 * a)
+    big = (1.0 - t) / (1.0 + t)
+    big = tl.where(u < 0, -big, big)
+    return tl.where(a < 0.1, series, big)
+
+
+@triton.jit
+def _ce_rows_kernel(
+    z_ptr,  # [n_rows, V] logits chunk (x.dtype / autocast dtype); overwritten by dlogits
+    stride_z,  # row stride of z, in elements
+    tgt_ptr,  # [n_rows] int64 targets of this chunk
+    loss_ptr,  # [n_rows] float32: CE + z-loss of each row (0 for ignored rows)
+    zloss_ptr,  # [n_rows] float32: z-loss term alone
+    lse_ptr,  # [n_rows] float32: natural-log lse of the (softcapped) logits
+    scale_ptr,  # float32: row factor of the gradient, scalar (stride 0) or per row
+    stride_scale,
+    V,
+    ignore_index,
+    label_smoothing,
+    z_loss_scale,
+    softcap,
+    HAS_SOFTCAP: tl.constexpr,
+    COMPUTE_GRAD: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    z_row = z_ptr + row * stride_z
+    tgt = tl.load(tgt_ptr + row)
+    valid = tgt != ignore_index
+    tgt_safe = tl.where(valid, tgt, 0)
+
+    cols = tl.arange(0, BLOCK_V).to(tl.int64)
+    # pass 1: online max / sum of exp / sum of logits, all float32
+    m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    s_vec = tl.zeros([BLOCK_V], tl.float32)
+    sum_z = tl.zeros([BLOCK_V], tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + cols
+        mask = offs < V
+        z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+        z = tl.where(mask, z, float("-inf"))
+        m_new = tl.maximum(m_vec, z)
+        # lanes still at -inf (never saw a valid column) keep s = 0 without NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(z - m_safe)
+        m_vec = m_new
+        sum_z += tl.where(mask, z, 0.0)
+    m = tl.max(m_vec, axis=0)
+    s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
+    lse = m + tl.log(s)
+    zsum = tl.sum(sum_z, axis=0)
+
+    z_t = tl.load(z_row + tgt_safe).to(tl.float32)
+    if HAS_SOFTCAP:
+        z_t = softcap * _tanh(z_t / softcap)
+    eps_v = label_smoothing / V
+    loss = lse - (1.0 - label_smoothing) * z_t - eps_v * zsum
+    zl = z_loss_scale * lse * lse
+    loss = tl.where(valid, loss + zl, 0.0)
+    zl = tl.where(valid, zl, 0.0)
+    tl.store(loss_ptr + row, loss)
+    tl.store(zloss_ptr + row, zl)
+    tl.store(lse_ptr + row, lse)
+
+    if COMPUTE_GRAD:
+        g = tl.load(scale_ptr + row * stride_scale).to(tl.float32)
+        g = tl.where(valid, g, 0.0)
+        coef = 1.0 + 2.0 * z_loss_scale * lse  # d/dz [lse + zls*lse^2] = p * coef
+        for v0 in range(0, V, BLOCK_V):
+            offs = v0 + cols
+            mask = offs < V
+            z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
+            if HAS_SOFTCAP:
+                zc = softcap * _tanh(z / softcap)
+            else:
+                zc = z
+            p = tl.exp(zc - lse)
+            d = p * coef - eps_v
+            d = tl.where(offs == tgt, d - (1.0 - label_smoothing), d)
+            if HAS_SOFTCAP:
+                th = zc / softcap
+                d = d * (1.0 - th * th)
+            d = d * g
+            tl.store(z_row + offs, d.to(z_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _gemm_tn_acc_kernel(
+    a_ptr,  # A [K, M] (dlogits chunk [n_rows, V])
+    b_ptr,  # B [K, N] (x chunk [n_rows, H])
+    c_ptr,  # C [M, N] accumulator (grad_weight [V, H]) in float32 or float16
+    scale_ptr,  # float32 scalar: C += scale * A^T B
+    M,
+    N,
+    K,
+    stride_ak,
+    stride_am,
+    stride_bk,
+    stride_bn,
+    stride_cm,
+    stride_cn,
+    ACCUMULATE: tl.constexpr,
+    IEEE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_in_group
+    first_m = group_id * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + ((pid % num_in_group) % group_size)
+    pid_n = (pid % num_in_group) // group_size
+
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K).to(tl.int64)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    a_ptrs = a_ptr + offs_k[:, None] * stride_ak + offs_m[None, :] * stride_am  # [BK, BM]
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn  # [BK, BN]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kmask = (k0 + offs_k) < K
+        a = tl.load(a_ptrs, mask=kmask[:, None] & mask_m[None, :], other=0.0)
+        b = tl.load(b_ptrs, mask=kmask[:, None] & mask_n[None, :], other=0.0)
+        if IEEE:
+            acc = tl.dot(tl.trans(a), b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(tl.trans(a), b, acc)
+        a_ptrs += BLOCK_K * stride_ak
+        b_ptrs += BLOCK_K * stride_bk
+
+    scale = tl.load(scale_ptr).to(tl.float32)
+    out = acc * scale
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    cmask = mask_m[:, None] & mask_n[None, :]
+    if ACCUMULATE:
+        out += tl.load(c_ptrs, mask=cmask, other=0.0).to(tl.float32)
+    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _finalize_kernel(c_ptr, out_ptr, n, factor_ptr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    mask = offs < n
+    f = tl.load(factor_ptr).to(tl.float32)
+    c = tl.load(c_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + offs, (c * f).to(out_ptr.dtype.element_ty), mask=mask)

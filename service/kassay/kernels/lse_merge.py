@@ -1,0 +1,404 @@
+"""Attention-state merge (softmax log-sum-exp correction): launchers and public API.
+
+Given K partial attention outputs ``out_i`` with their log-sum-exp values ``lse_i`` (natural
+log, base e), the merged state is::
+
+    lse = log(sum_i exp(lse_i))
+    out = sum_i exp(lse_i - lse) * out_i
+
+computed with every exponent shifted by the row's largest LSE, so it is exact to float32
+rounding for ``|lse|`` up to float32's range (no ``exp`` of an unshifted LSE anywhere).
+
+Empty rows: a state whose LSE is ``-inf`` contributes nothing (its ``out`` row is not even
+read); a row empty in every state gives ``out = 0`` and ``lse = -inf``, never NaN. FlashAttention-2
+marks an empty row with ``lse = +inf``; with ``posinf_is_empty=True`` (the default) ``+inf`` is
+read as ``-inf``. NaN in an LSE propagates to that row's result.
+
+Layouts of the LSE tensors (``lse_layout``): ``"hT"`` = ``[..., Hh, S]`` (FlashAttention's
+``softmax_lse``), ``"Th"`` = ``[..., S, Hh]``. Outs are always ``[..., S, Hh, D]``. ``...`` is
+any number of batch dims (including none). Inputs may be non-contiguous views with any strides,
+except that the last dim ``D`` of every out tensor must be contiguous (stride 1).
+
+Only torch and triton are imported here (the GPU worker image has nothing else).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import triton
+
+from kassay.kernels import _lse_merge_kernels as _k
+
+LseLayout = Literal["hT", "Th"]
+Accumulate = Literal["float32", "out_dtype"]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_MAX_GRID_Y = 65535
+_INT32_MAX = 2**31 - 1
+
+__all__ = ["LaunchConfig", "merge_state_", "merge_states"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tuning of one launch: elements (rows x padded D) per program, warps, empty-load skip,
+    row order (head-major or token-major)."""
+
+    block_elems: int = _k.DEFAULT_BLOCK_ELEMS
+    num_warps: int = _k.DEFAULT_NUM_WARPS
+    skip_empty_loads: bool = _k.DEFAULT_SKIP_EMPTY_LOADS
+    head_major: bool = _k.DEFAULT_HEAD_MAJOR
+
+
+_DEFAULT_CONFIG = LaunchConfig()
+
+
+# --------------------------------------------------------------------------- validation helpers
+
+
+def _check_layout(lse_layout: str) -> None:
+    if lse_layout not in ("hT", "Th"):
+        raise ValueError(
+            f"lse_layout must be 'hT' ([..., Hh, S]) or 'Th' ([..., S, Hh]), got {lse_layout!r}"
+        )
+
+
+def _check_out_tensor(name: str, t: torch.Tensor, *, min_dim: int = 3) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
+    if t.dim() < min_dim:
+        raise ValueError(
+            f"{name} must have at least {min_dim} dims ([..., S, Hh, D]), got {t.dim()}"
+        )
+    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(
+            f"{name} must be contiguous in its last dim D (stride 1), got strides {t.stride()}; "
+            "call .contiguous() first"
+        )
+
+
+def _check_lse_tensor(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name} must be float32 (natural-log LSE), got {t.dtype}")
+
+
+def _lse_shape(out_shape: Sequence[int], lse_layout: str) -> tuple[int, ...]:
+    """The LSE shape that goes with an out shape [..., S, Hh, D]."""
+    *batch, s, hh, _ = out_shape
+    return (*batch, hh, s) if lse_layout == "hT" else (*batch, s, hh)
+
+
+def _lse_bsh(lse: torch.Tensor, lse_layout: str) -> torch.Tensor:
+    """View an LSE tensor as [..., S, Hh] whatever its layout (a view, no copy)."""
+    return lse.transpose(-1, -2) if lse_layout == "hT" else lse
+
+
+def _flat_batch(t: torch.Tensor, start: int, nb: int) -> torch.Tensor | None:
+    """Merge dims [start, start + nb) of ``t`` into one (a view), or None when strides forbid."""
+    shape = list(t.shape)
+    merged = 1
+    for n in shape[start : start + nb]:
+        merged *= n
+    new_shape = [*shape[:start], merged, *shape[start + nb :]]
+    try:
+        return t.view(new_shape)
+    except RuntimeError:
+        return None
+
+
+def _foreach_batch(
+    tensors: list[torch.Tensor],
+    starts: list[int],
+    nb: int,
+    fn: Callable[[list[torch.Tensor]], None],
+) -> None:
+    """Call ``fn`` with views that each have exactly one batch dim at its start position.
+
+    The ``nb`` batch dims (beginning at ``starts[i]`` in ``tensors[i]``) are merged into one when
+    every tensor's strides allow it, else the first batch dim is walked in Python (one launch per
+    index) and the rest handled recursively. No data is ever copied.
+    """
+    if nb == 0:
+        fn([t.unsqueeze(st) for t, st in zip(tensors, starts, strict=True)])
+        return
+    views = [_flat_batch(t, st, nb) for t, st in zip(tensors, starts, strict=True)]
+    if all(v is not None for v in views):
+        fn([v for v in views if v is not None])
+        return
+    for i in range(tensors[0].shape[starts[0]]):
+        sub = [t.select(st, i) for t, st in zip(tensors, starts, strict=True)]
+        _foreach_batch(sub, starts, nb - 1, fn)
+
+
+def _block_rows(rows: int, block_d: int, cfg: LaunchConfig) -> int:
+    br = max(1, cfg.block_elems // block_d)
+    return min(br, triton.next_power_of_2(max(rows, 1)))
+
+
+def _grid_chunks(nbatch: int) -> list[tuple[int, int]]:
+    return [(b0, min(nbatch, b0 + _MAX_GRID_Y) - b0) for b0 in range(0, nbatch, _MAX_GRID_Y)]
+
+
+# ------------------------------------------------------------------------------- K-way merge
+
+
+def merge_states(
+    outs: torch.Tensor | Sequence[torch.Tensor],
+    lses: torch.Tensor | Sequence[torch.Tensor],
+    *,
+    lse_layout: LseLayout = "hT",
+    out_dtype: torch.dtype | None = None,
+    accumulate: Accumulate = "float32",
+    posinf_is_empty: bool = True,
+    _config: LaunchConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge K partial attention states into one (out-of-place), in one pass over the outs.
+
+    Args:
+        outs: ``[K, ..., S, Hh, D]`` partial outputs, float16, bfloat16 or float32 (a sequence
+            of K tensors ``[..., S, Hh, D]`` is stacked first, which costs one copy). ``D`` must
+            be contiguous; other strides are free.
+        lses: their log-sum-exp values, **natural log**, float32, ``[K, ..., Hh, S]`` for
+            ``lse_layout="hT"`` or ``[K, ..., S, Hh]`` for ``"Th"`` (a sequence is stacked).
+        lse_layout: ``"hT"`` or ``"Th"``, see above; the returned lse uses the same layout.
+        out_dtype: dtype of the returned out (default: the outs' dtype).
+        accumulate: ``"float32"`` (default) sums the K weighted outs in float32 and rounds once;
+            ``"out_dtype"`` rounds the running sum to ``out_dtype`` after every state, as a
+            step-by-step merge kept in the output dtype would (for validation studies).
+        posinf_is_empty: read ``lse = +inf`` (FlashAttention-2's mark of an empty row) as
+            ``-inf``. Default True.
+
+    Returns:
+        ``(out, lse)``: out ``[..., S, Hh, D]`` in ``out_dtype``, contiguous; lse float32,
+        natural log, ``[..., Hh, S]`` ("hT") or ``[..., S, Hh]`` ("Th"), contiguous. Rows empty
+        in every state get out 0 and lse ``-inf``.
+    """
+    _check_layout(lse_layout)
+    if accumulate not in ("float32", "out_dtype"):
+        raise ValueError(f"accumulate must be 'float32' or 'out_dtype', got {accumulate!r}")
+    if not isinstance(outs, torch.Tensor):
+        outs = list(outs)
+        if not outs:
+            raise ValueError("outs is an empty sequence: need at least one state")
+        for i, t in enumerate(outs):
+            _check_out_tensor(f"outs[{i}]", t)
+        try:
+            outs = torch.stack(outs)
+        except RuntimeError as e:
+            raise ValueError(f"outs: the K states must share shape, dtype and device: {e}") from e
+    if not isinstance(lses, torch.Tensor):
+        lses = list(lses)
+        if not lses:
+            raise ValueError("lses is an empty sequence: need at least one state")
+        for i, t in enumerate(lses):
+            _check_lse_tensor(f"lses[{i}]", t)
+        try:
+            lses = torch.stack(lses)
+        except RuntimeError as e:
+            raise ValueError(f"lses: the K states must share shape and device: {e}") from e
+    _check_out_tensor("outs", outs, min_dim=4)
+    _check_lse_tensor("lses", lses)
+    k = outs.shape[0]
+    if k < 1:
+        raise ValueError("outs has K = 0 states: need at least one")
+    expected = (k, *_lse_shape(outs.shape[1:], lse_layout))
+    if tuple(lses.shape) != expected:
+        raise ValueError(
+            f"lses has shape {tuple(lses.shape)} but outs {tuple(outs.shape)} with "
+            f"lse_layout={lse_layout!r} needs {expected}"
+        )
+    if lses.device != outs.device:
+        raise ValueError(f"outs is on {outs.device} but lses on {lses.device}")
+    out_dtype = outs.dtype if out_dtype is None else out_dtype
+    if out_dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+
+    *batch, s, hh, d = outs.shape[1:]
+    out = torch.empty((*batch, s, hh, d), dtype=out_dtype, device=outs.device)
+    lse = torch.empty(_lse_shape(out.shape, lse_layout), dtype=torch.float32, device=outs.device)
+    if out.numel() == 0 and lse.numel() == 0:
+        return out, lse
+    if s * hh > _INT32_MAX - 2**16:
+        raise ValueError(f"S * Hh = {s * hh} rows per batch entry is over the int32 row index")
+    cfg = _config or _DEFAULT_CONFIG
+    nb = len(batch)
+    lses_bsh = _lse_bsh(lses, lse_layout)
+    lse_bsh = _lse_bsh(lse, lse_layout)
+
+    def launch(v: list[torch.Tensor]) -> None:
+        o_in, l_in, o_out, l_out = v  # [K,B,S,Hh,D], [K,B,S,Hh], [B,S,Hh,D], [B,S,Hh]
+        nbatch = o_out.shape[0]
+        rows = s * hh
+        block_d = triton.next_power_of_2(max(d, 1))
+        block_r = _block_rows(rows, block_d, cfg)
+        for b0, nbb in _grid_chunks(nbatch):
+            grid = (triton.cdiv(rows, block_r), nbb)
+            oi, li = o_in[:, b0 : b0 + nbb], l_in[:, b0 : b0 + nbb]
+            oo, lo = o_out[b0 : b0 + nbb], l_out[b0 : b0 + nbb]
+            _k._merge_states_kernel[grid](
+                oo,
+                lo,
+                oi,
+                li,
+                s,
+                hh,
+                d,
+                *oi.stride()[:4],
+                *li.stride(),
+                *oo.stride()[:3],
+                *lo.stride(),
+                K=k,
+                BLOCK_R=block_r,
+                BLOCK_D=block_d,
+                EVEN_D=block_d == d,
+                POSINF_IS_EMPTY=posinf_is_empty,
+                ACC_IN_OUT_DTYPE=accumulate == "out_dtype",
+                SKIP_EMPTY_LOADS=cfg.skip_empty_loads,
+                HEAD_MAJOR=cfg.head_major,
+                num_warps=cfg.num_warps,
+            )
+
+    _foreach_batch([outs, lses_bsh, out, lse_bsh], [1, 1, 0, 0], nb, launch)
+    return out, lse
+
+
+# ---------------------------------------------------------------------------- in-place step
+
+
+def merge_state_(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    out_step: torch.Tensor,
+    lse_step: torch.Tensor,
+    *,
+    lse_layout: LseLayout = "hT",
+    second_half: bool = False,
+    acc: torch.Tensor | None = None,
+    posinf_is_empty: bool = True,
+    _config: LaunchConfig | None = None,
+) -> None:
+    """Fold one new partial state into an accumulator, in place (one ring-attention step).
+
+    After the call the caller's ``out`` and ``lse`` (same storage, no new tensors) hold the merge
+    of their previous contents with ``(out_step, lse_step)``.
+
+    Args:
+        out: ``[..., S, Hh, D]`` accumulator output, float16, bfloat16 or float32; updated in
+            place. ``D`` must be contiguous; other strides are free.
+        lse: the accumulator's log-sum-exp, **natural log**, float32, ``[..., Hh, S]`` ("hT") or
+            ``[..., S, Hh]`` ("Th"); updated in place. ``-inf`` (or ``+inf`` with
+            ``posinf_is_empty``) marks an empty row: its old ``out`` row is then not read, so an
+            accumulator may start as ``torch.empty`` outs with lse filled with ``-inf``.
+        out_step: the new partial output ``[..., S', Hh, D]``, float16, bfloat16 or float32,
+            with ``S' = S`` or, when ``second_half``, ``S' = S - S // 2``.
+        lse_step: its log-sum-exp, natural log, float32, same layout as ``lse`` with ``S'``.
+        lse_layout: ``"hT"`` or ``"Th"`` for both ``lse`` and ``lse_step``.
+        second_half: update only sequence positions ``S // 2 ..`` of ``out``/``lse`` (and
+            ``acc``); positions ``.. S // 2`` are not touched. Ring attention's causal steps
+            do this.
+        acc: optional float32 ``[..., S, Hh, D]`` accumulator for ``out``. When given it is read
+            instead of ``out`` and written in float32, and ``out`` gets its rounded value, so K
+            steps lose no precision to ``out``'s dtype. Without it the running sum is rounded
+            to ``out``'s dtype at every step.
+        posinf_is_empty: read ``lse = +inf`` as ``-inf`` (empty row). Default True.
+
+    Returns:
+        None. ``out``, ``lse`` (and ``acc``) hold the result.
+    """
+    _check_layout(lse_layout)
+    _check_out_tensor("out", out)
+    _check_out_tensor("out_step", out_step)
+    _check_lse_tensor("lse", lse)
+    _check_lse_tensor("lse_step", lse_step)
+    *batch, s, hh, d = out.shape
+    s_step = s - s // 2 if second_half else s
+    want_step = (*batch, s_step, hh, d)
+    if tuple(out_step.shape) != want_step:
+        half = " (second_half: S - S//2 positions)" if second_half else ""
+        raise ValueError(
+            f"out_step has shape {tuple(out_step.shape)}, expected {want_step}{half} "
+            f"for out {tuple(out.shape)}"
+        )
+    if tuple(lse.shape) != _lse_shape(out.shape, lse_layout):
+        raise ValueError(
+            f"lse has shape {tuple(lse.shape)} but out {tuple(out.shape)} with "
+            f"lse_layout={lse_layout!r} needs {_lse_shape(out.shape, lse_layout)}"
+        )
+    if tuple(lse_step.shape) != _lse_shape(want_step, lse_layout):
+        raise ValueError(
+            f"lse_step has shape {tuple(lse_step.shape)}, expected "
+            f"{_lse_shape(want_step, lse_layout)} (lse_layout={lse_layout!r})"
+        )
+    tensors = [out, lse, out_step, lse_step]
+    if acc is not None:
+        if not isinstance(acc, torch.Tensor) or acc.dtype != torch.float32:
+            raise ValueError(f"acc must be a float32 tensor, got {getattr(acc, 'dtype', acc)}")
+        if acc.shape != out.shape:
+            raise ValueError(f"acc has shape {tuple(acc.shape)}, expected {tuple(out.shape)}")
+        if acc.shape[-1] > 1 and acc.stride(-1) != 1:
+            raise ValueError(f"acc must be contiguous in its last dim D, got {acc.stride()}")
+        tensors.append(acc)
+    devs = {t.device for t in tensors}
+    if len(devs) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    if out.numel() == 0 and lse.numel() == 0:
+        return
+    if s * hh > _INT32_MAX - 2**16:
+        raise ValueError(f"S * Hh = {s * hh} rows per batch entry is over the int32 row index")
+    cfg = _config or _DEFAULT_CONFIG
+    nb = len(batch)
+    seq = nb  # index of the S dim in out / in the [..., S, Hh] view of lse
+
+    out_v = out.narrow(seq, s // 2, s_step) if second_half else out
+    lse_v = _lse_bsh(lse, lse_layout)
+    lse_v = lse_v.narrow(seq, s // 2, s_step) if second_half else lse_v
+    acc_v = None
+    if acc is not None:
+        acc_v = acc.narrow(seq, s // 2, s_step) if second_half else acc
+    views = [out_v, lse_v, out_step, _lse_bsh(lse_step, lse_layout)]
+    if acc_v is not None:
+        views.append(acc_v)
+
+    def launch(v: list[torch.Tensor]) -> None:
+        o, lo, p, lp = v[:4]
+        a = v[4] if len(v) > 4 else o
+        nbatch = o.shape[0]
+        rows = s_step * hh
+        block_d = triton.next_power_of_2(max(d, 1))
+        block_r = _block_rows(rows, block_d, cfg)
+        for b0, nbb in _grid_chunks(nbatch):
+            grid = (triton.cdiv(rows, block_r), nbb)
+            oo, ll, pp, qq, aa = (t[b0 : b0 + nbb] for t in (o, lo, p, lp, a))
+            _k._merge_state_inplace_kernel[grid](
+                oo,
+                ll,
+                aa,
+                pp,
+                qq,
+                s_step,
+                hh,
+                d,
+                *oo.stride()[:3],
+                *ll.stride(),
+                *aa.stride()[:3],
+                *pp.stride()[:3],
+                *qq.stride(),
+                BLOCK_R=block_r,
+                BLOCK_D=block_d,
+                EVEN_D=block_d == d,
+                POSINF_IS_EMPTY=posinf_is_empty,
+                HAS_ACC=acc is not None,
+                SKIP_EMPTY_LOADS=cfg.skip_empty_loads,
+                HEAD_MAJOR=cfg.head_major,
+                num_warps=cfg.num_warps,
+            )
+
+    _foreach_batch(views, [0] * len(views), nb, launch)

@@ -1,0 +1,74 @@
+"""All of kassay's settings in one pydantic-settings class (env prefix KASSAY_).
+
+Bad values fail at start-up with the variable named, not at first use.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+# A list setting read from the environment as "a,b,c" (or a JSON list).
+CommaList = Annotated[list[str], NoDecode]
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KASSAY_", extra="ignore")
+
+    # --- engine ---
+    max_cases: int = Field(10_000, gt=0, description="hard cap on cases per job")
+    enable_mutants: bool = Field(False, description="offer the self-test mutants to jobs")
+    enable_test_impls: bool = Field(False, description="offer crash/hang/raise test impls")
+
+    # --- worker ---
+    worker_listen: str = "127.0.0.1:50051"
+    device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
+    case_timeout_s: float = Field(300.0, gt=0)
+    executor_start_timeout_s: float = Field(120.0, gt=0)
+
+    # --- api ---
+    database_url: str = "sqlite:///.kassay/kassay.db"
+    workers: CommaList = Field(default_factory=list, description="worker addresses host:port")
+    api_tokens: CommaList = Field(default_factory=list, description="tokens allowed to write")
+    read_tokens: CommaList = Field(default_factory=list, description="read-only tokens")
+    open_reads: bool = Field(True, description="reads need no token even when tokens are set")
+    max_body_bytes: int = Field(1_000_000, gt=0)
+    lease_s: float = Field(
+        600.0, gt=0,
+        description="a dispatcher renews the lease of each group it runs; a group whose lease "
+        "ran out (its API died) is requeued",
+    )
+    stall_s: float = Field(
+        900.0, gt=0,
+        description="a worker that sends nothing on a running group for this long is lost",
+    )
+    max_attempts: int = Field(3, ge=1)
+    worker_poll_s: float = Field(2.0, gt=0, description="how often workers are described")
+    data_dir: Path = Path(".kassay")
+
+    @field_validator("workers", "api_tokens", "read_tokens", mode="before")
+    @classmethod
+    def _comma_list(cls, v: Any) -> Any:
+        if isinstance(v, str):
+            text = v.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [item.strip() for item in text.split(",") if item.strip()]
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v: str) -> str:
+        if v not in ("auto", "cpu", "cuda") and not (v.startswith("cuda:") and v[5:].isdigit()):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {v!r}")
+        return v
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,87 @@
+"""Engine commands: `kassay run SPEC` (in-process, no servers) and `kassay selftest`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+EXIT_PASSED, EXIT_FAILED, EXIT_ERRORS = 0, 1, 2
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a job spec in-process and print the results")
+    p.add_argument("spec", help="job spec (YAML or JSON)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--json", dest="json_out", help="write the JSON report here")
+    p.add_argument("--junit", help="write JUnit XML here")
+    p.add_argument("--markdown", help="write the Markdown summary here")
+    p.add_argument("--html", help="write the HTML report here")
+    p.add_argument("--max-cases", type=int, default=None)
+    p.add_argument("--quiet", action="store_true", help="no per-case lines")
+    p.set_defaults(func=_cmd_run)
+
+    s = sub.add_parser("selftest", help="run the mutant corpus: every known bug must be caught")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--only", nargs="*", help="run only these mutants (by name)")
+    s.set_defaults(func=_cmd_selftest)
+
+
+def exit_code(summary: Any) -> int:
+    if summary.error or summary.crashed or summary.timeout:
+        return EXIT_ERRORS
+    return EXIT_FAILED if summary.failed else EXIT_PASSED
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from kassay.errors import KassayError
+    from kassay.settings import get_settings
+    from kassay.validate import reports
+    from kassay.validate.local import run_job
+    from kassay.validate.results import CaseResult
+    from kassay.validate.spec import load_spec
+    from kassay.validate.table import summary_table
+
+    console = Console(stderr=True)
+    try:
+        spec = load_spec(args.spec)
+    except KassayError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        return EXIT_ERRORS
+
+    def show(c: CaseResult) -> None:
+        if not args.quiet:
+            color = {"passed": "green", "failed": "red"}.get(c.status, "yellow")
+            t = f" {c.timing.median_ms:.3f} ms" if c.timing else ""
+            console.print(f"[{color}]{c.status:>11}[/{color}] {c.op}.{c.impl} {c.label()}{t}")
+
+    settings = get_settings()
+    try:
+        report = run_job(spec, device=args.device,
+                         max_cases=args.max_cases or settings.max_cases,
+                         include_mutants=settings.enable_mutants,
+                         include_testing=settings.enable_test_impls, on_result=show)
+    except KassayError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        return EXIT_ERRORS
+    Console().print(summary_table(report))
+    for fmt, path in (("json", args.json_out), ("junit", args.junit),
+                      ("markdown", args.markdown), ("html", args.html)):
+        if path:
+            Path(path).write_text(reports.render(report, fmt))
+    return exit_code(report.summary)
+
+
+def _cmd_selftest(args: argparse.Namespace) -> int:
+    from kassay.validate.selftest import print_selftest, run_selftest
+
+    result = run_selftest(device=args.device, only=args.only)
+    print_selftest(result)
+    return 0 if result.ok else EXIT_FAILED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(1)

@@ -1,0 +1,154 @@
+"""Result models: what one case produces, and the versioned report of a job.
+
+These pydantic models are the JSON report schema (published as docs/report.schema.json, checked
+against the models by a test); the worker's protobuf messages mirror them field for field.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+REPORT_SCHEMA_VERSION = "kassay.report/v1"
+
+Status = Literal["passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped"]
+STATUSES: tuple[str, ...] = ("passed", "failed", "error", "crashed", "timeout", "unsupported",
+                             "skipped")
+
+
+class WorstEntry(BaseModel):
+    index: list[int]
+    value: float
+    reference: float
+    abs_err: float
+
+
+class OutputMetrics(BaseModel):
+    """Errors of one output against the float64 reference, and the tolerance verdict."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    dtype: str
+    expected_dtype: str
+    shape: list[int]
+    max_abs: float
+    max_rel: float
+    rel_l2: float
+    max_ulp: float
+    nan: int
+    inf: int
+    ref_nan: int
+    ref_inf: int
+    n_bad: int = 0
+    worst: list[WorstEntry] = Field(default_factory=list)
+    policy: str = "baseline"
+    threshold_max_abs: float | None = None
+    threshold_rel_l2: float | None = None
+    baseline_max_abs: float | None = None
+    baseline_rel_l2: float | None = None
+    passed: bool = True
+    reason: str = ""
+
+
+class TimingStats(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    clock: Literal["cuda_events", "cpu_perf_counter"]
+    n: int
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    p10_ms: float
+    p90_ms: float
+    rel_sem: float
+    l2_flushed: bool = False
+    tflops: float | None = None
+    gbps: float | None = None
+    roofline_fraction: float | None = None
+    speedup_vs_baseline: float | None = None
+
+
+class MemoryStats(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    measured: bool
+    peak_extra_bytes: int | None = None
+    model_bytes: int
+    ratio_to_model: float | None = None
+    note: str = ""
+
+
+class Environment(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    device: str
+    device_name: str
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str
+    triton: str | None = None
+    kassay: str
+    python: str
+    hostname: str
+    clocks: dict[str, str] = Field(default_factory=dict)
+    ceilings: dict[str, float] = Field(default_factory=dict)
+
+
+class CaseResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    case_id: str
+    group_id: str
+    suite_index: int = 0
+    op: str
+    impl: str
+    params: dict[str, Any]
+    regime: str
+    seed: int
+    dtype: str
+    status: Status
+    message: str = ""
+    outputs: list[OutputMetrics] = Field(default_factory=list)
+    timing: TimingStats | None = None
+    memory: MemoryStats | None = None
+    duration_s: float = 0.0
+    worker: str | None = None
+    device: str | None = None
+    environment: Environment | None = None
+
+    def label(self) -> str:
+        p = ",".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{p} [{self.regime} seed={self.seed}]"
+
+
+class Summary(BaseModel):
+    total: int = 0
+    passed: int = 0
+    failed: int = 0
+    error: int = 0
+    crashed: int = 0
+    timeout: int = 0
+    unsupported: int = 0
+    skipped: int = 0
+    ok: bool = True
+
+    @classmethod
+    def of(cls, cases: list[CaseResult]) -> Summary:
+        s = cls(total=len(cases))
+        for c in cases:
+            setattr(s, c.status, getattr(s, c.status) + 1)
+        s.ok = s.failed == 0 and s.error == 0 and s.crashed == 0 and s.timeout == 0
+        return s
+
+
+class Report(BaseModel):
+    """The versioned JSON report of one job."""
+
+    schema_version: Literal["kassay.report/v1"] = REPORT_SCHEMA_VERSION
+    job_id: str | None = None
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    state: str = "finished"
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    finished_at: datetime | None = None
+    environments: list[Environment] = Field(default_factory=list)
+    summary: Summary
+    cases: list[CaseResult]

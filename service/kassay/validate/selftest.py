@@ -1,0 +1,148 @@
+"""`kassay selftest`: the service's worth is catching wrong kernels.
+
+Each probe pairs one mutant (a known real-world bug, kassay.impls.mutants) with a small grid that
+exposes it, and runs the correct impls (torch, kassay) on the same groups under the default
+policies. A mutant is detected when any of its cases is not passed (failed, error, crashed);
+a correct impl's case that does not pass is a false failure. The run ends with
+`detected D/M mutants, false failures F/C correct cases`, and succeeds only when D = M, F = 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kassay.impls import get_impl, load
+from kassay.validate.engine import run_group
+from kassay.validate.env import resolve_device
+from kassay.validate.results import CaseResult
+from kassay.validate.spec import GroupSpec, TimingPolicy
+
+CORRECT = ("torch", "kassay")
+
+
+@dataclass(frozen=True)
+class Probe:
+    op: str
+    mutant: str
+    params: dict[str, Any]
+    regimes: tuple[str, ...] = ("normal",)
+    # correct impls that must pass here; torch is left out where eager PyTorch itself has the bug
+    correct: tuple[str, ...] = CORRECT
+    note: str = ""
+
+
+_F = {"N": 48, "H": 32, "V": 80, "dtype": "float32"}
+_L = {"T": 64, "Hh": 4, "D": 16, "K": 3, "dtype": "float32"}
+
+PROBES: tuple[Probe, ...] = (
+    Probe("flce", "m_autocast_bias_none", {**_F, "autocast": "bfloat16", "bias": False}),
+    Probe("flce", "m_ignored_zero_div", dict(_F), ("all_ignored",), ("kassay",),
+          "eager F.cross_entropy also returns NaN when every target is ignored"),
+    Probe("flce", "m_none_grad_scale", {**_F, "reduction": "none"}),
+    Probe("flce", "m_bf16_chunk_accum", {"N": 2048, "H": 64, "V": 96, "dtype": "bfloat16"}),
+    Probe("flce", "m_label_smoothing_weight", {**_F, "label_smoothing": 0.1}),
+    Probe("flce", "m_zeros", dict(_F)),
+    Probe("lse_merge", "m_naive_logaddexp", {**_L, "mode": "merge"}, ("huge",)),
+    Probe("lse_merge", "m_empty_nan", {**_L, "mode": "step"}, ("empty_rows", "fa2_inf")),
+    Probe("lse_merge", "m_copy_update", {**_L, "mode": "step"}),
+    Probe("lse_merge", "m_out_dtype_accum",
+          {"T": 128, "Hh": 4, "D": 64, "K": 32, "dtype": "bfloat16", "mode": "step",
+           "accumulate": "float32"}),
+    Probe("lse_merge", "m_zeros", {**_L, "mode": "merge"}),
+)
+
+
+@dataclass
+class ProbeResult:
+    probe: Probe
+    mutant_cases: list[CaseResult] = field(default_factory=list)
+    correct_cases: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def detected(self) -> bool:
+        return any(c.status in ("failed", "error", "crashed", "timeout")
+                   for c in self.mutant_cases)
+
+    @property
+    def false_failures(self) -> list[CaseResult]:
+        return [c for c in self.correct_cases if c.status not in ("passed", "unsupported")]
+
+
+@dataclass
+class SelftestResult:
+    probes: list[ProbeResult]
+
+    @property
+    def detected(self) -> int:
+        return sum(p.detected for p in self.probes)
+
+    @property
+    def n_correct(self) -> int:
+        return sum(sum(c.status != "unsupported" for c in p.correct_cases) for p in self.probes)
+
+    @property
+    def n_false(self) -> int:
+        return sum(len(p.false_failures) for p in self.probes)
+
+    @property
+    def ok(self) -> bool:
+        return self.detected == len(self.probes) and self.n_false == 0
+
+    def line(self) -> str:
+        return (f"detected {self.detected}/{len(self.probes)} mutants, "
+                f"false failures {self.n_false}/{self.n_correct} correct cases")
+
+
+def _available(op: str, names: tuple[str, ...]) -> list[str]:
+    out = []
+    for n in names:
+        try:
+            get_impl(op, n)
+            out.append(n)
+        except Exception:
+            continue
+    return out
+
+
+def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> SelftestResult:
+    load(mutants=True)
+    dev = resolve_device(device)
+    results = []
+    for i, probe in enumerate(PROBES):
+        if only and probe.mutant not in only and f"{probe.op}.{probe.mutant}" not in only:
+            continue
+        pr = ProbeResult(probe)
+        correct = _available(probe.op, probe.correct)
+        for regime in probe.regimes:
+            g = GroupSpec(group_id=f"selftest-{i}-{regime}", op=probe.op, params=probe.params,
+                          regime=regime, seed=0, impls=[*correct, probe.mutant],
+                          baseline="torch", timing=TimingPolicy(enabled=False))
+            cases = run_group(g, device=dev, include_mutants=True, ceilings=False)
+            pr.mutant_cases += [c for c in cases if c.impl == probe.mutant]
+            pr.correct_cases += [c for c in cases if c.impl != probe.mutant]
+        results.append(pr)
+    return SelftestResult(results)
+
+
+def print_selftest(result: SelftestResult) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="kassay selftest: known bugs against the default policies")
+    for col in ("op", "mutant", "bug", "regimes", "mutant status", "caught", "correct impls"):
+        t.add_column(col, overflow="fold")
+    for pr in result.probes:
+        impl = get_impl(pr.probe.op, pr.probe.mutant, include_mutants=True)
+        statuses = ", ".join(sorted({c.status for c in pr.mutant_cases}))
+        why = next((c.message for c in pr.mutant_cases if c.status != "passed"), "")
+        corr = ", ".join(f"{c.impl}:{c.status}" for c in pr.correct_cases) or "(none)"
+        t.add_row(pr.probe.op, pr.probe.mutant, impl.bug or "", ",".join(pr.probe.regimes),
+                  f"{statuses}\n{why[:160]}",
+                  "[green]yes[/green]" if pr.detected else "[red]NO[/red]", corr)
+    console = Console()
+    console.print(t)
+    for pr in result.probes:
+        for c in pr.false_failures:
+            console.print(f"[red]false failure[/red] {c.op}.{c.impl} {c.label()}: {c.message}")
+    print(result.line())

@@ -1,0 +1,222 @@
+"""Job specs and grid expansion.
+
+A job spec (YAML or JSON) is a name, labels and a list of suites. A suite names an op, the impls
+to run, the baseline, params (a list value is a grid axis: the grid is the cartesian product of
+every list-valued param), input regimes, seeds, the tolerance policy and the timing policy.
+Expansion turns a suite into input groups (op, params, regime, seed: one set of inputs and one
+float64 reference) each carrying the impls to run on them; a case is one impl in one group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kassay.errors import CaseLimitError, InvalidSpecError
+
+DEFAULT_MAX_CASES = 10_000
+
+
+class TolerancePolicy(BaseModel):
+    """`baseline`: error <= factor * (the same-dtype baseline's error) + a rounding floor (the
+    reference rounded to the output dtype), checked on max_abs and rel_l2 (FlashAttention's test
+    convention). `absolute`: |out - ref| <= atol + rtol * |ref| for every element, with per-dtype
+    defaults as torch.testing uses."""
+
+    model_config = ConfigDict(extra="forbid")
+    policy: Literal["baseline", "absolute"] = "baseline"
+    factor: float = Field(2.0, gt=0)
+    atol: float | None = Field(None, ge=0)
+    rtol: float | None = Field(None, ge=0)
+
+
+class TimingPolicy(BaseModel):
+    """Adaptive repetitions: after `warmup` runs, repeat until the standard error of the median
+    is under `target_rel_sem` of the median (at least `min_reps`), or `max_reps` / `budget_s`
+    ends. On CUDA the L2 cache is flushed before each repetition."""
+
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = True
+    warmup: int = Field(2, ge=0, le=100)
+    min_reps: int = Field(5, ge=1, le=10_000)
+    max_reps: int = Field(100, ge=1, le=100_000)
+    budget_s: float = Field(2.0, gt=0, le=600)
+    target_rel_sem: float = Field(0.01, gt=0, le=1)
+    flush_l2: bool = True
+
+
+class Suite(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    op: str
+    impls: list[str] = Field(min_length=1)
+    baseline: str = "torch"
+    params: dict[str, Any] = Field(default_factory=dict)
+    regimes: list[str] = Field(default_factory=lambda: ["normal"], min_length=1)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
+    timing: TimingPolicy = Field(default_factory=TimingPolicy)
+
+    @field_validator("impls")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("impls must not repeat a name")
+        return v
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    labels: dict[str, str] = Field(default_factory=dict)
+    suites: list[Suite] = Field(min_length=1)
+    max_cases: int | None = Field(None, gt=0)
+
+
+class GroupSpec(BaseModel):
+    """One input group: shared inputs and reference, several impls. `params` is the op's
+    validated params dump. Sent to workers as is."""
+
+    model_config = ConfigDict(extra="forbid")
+    group_id: str
+    suite_index: int = 0
+    op: str
+    params: dict[str, Any]
+    regime: str = "normal"
+    seed: int = 0
+    impls: list[str]
+    baseline: str = "torch"
+    tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
+    timing: TimingPolicy = Field(default_factory=TimingPolicy)
+
+    def case_ids(self) -> list[str]:
+        return [case_id(self.group_id, impl) for impl in self.impls]
+
+
+def case_id(group_id: str, impl: str) -> str:
+    return f"{group_id}:{impl}"
+
+
+def _group_id(op: str, params: dict[str, Any], regime: str, seed: int, suite_index: int) -> str:
+    key = json.dumps([suite_index, op, params, regime, seed], sort_keys=True, default=str)
+    return f"g{suite_index}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
+
+
+def parse_spec(data: str | bytes | dict[str, Any]) -> JobSpec:
+    """Parse a job spec from YAML/JSON text or a dict; errors name the field path."""
+    if isinstance(data, (str, bytes)):
+        try:
+            raw = yaml.safe_load(data)
+        except yaml.YAMLError as exc:
+            raise InvalidSpecError(f"job spec is not valid YAML or JSON: {exc}") from None
+    else:
+        raw = data
+    if not isinstance(raw, dict):
+        raise InvalidSpecError("job spec must be a mapping with name and suites")
+    try:
+        return JobSpec.model_validate(raw)
+    except ValidationError as exc:
+        raise spec_error(exc) from None
+
+
+def load_spec(path: str | Path) -> JobSpec:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InvalidSpecError(f"cannot read job spec {path}: {exc.strerror}") from None
+    return parse_spec(text)
+
+
+def spec_error(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> InvalidSpecError:
+    errors = [
+        {"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in exc.errors()
+    ]
+    text = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in errors
+    )
+    return InvalidSpecError(f"invalid job spec: {text}", details={"errors": errors})
+
+
+def _grid(params: dict[str, Any]) -> list[dict[str, Any]]:
+    axes = {k: (v if isinstance(v, list) else [v]) for k, v in params.items()}
+    for k, v in axes.items():
+        if not v:
+            raise InvalidSpecError(f"params.{k}: a grid axis must list at least one value",
+                                   details={"errors": [{"loc": ["params", k],
+                                                        "msg": "empty grid axis"}]})
+    keys = list(axes)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def count_cases(spec: JobSpec) -> int:
+    total = 0
+    for s in spec.suites:
+        n = 1
+        for v in s.params.values():
+            n *= len(v) if isinstance(v, list) else 1
+        total += n * len(s.regimes) * len(s.seeds) * len(s.impls)
+    return total
+
+
+def expand(spec: JobSpec, *, max_cases: int = DEFAULT_MAX_CASES,
+           include_mutants: bool = False, include_testing: bool = False) -> list[GroupSpec]:
+    """Validate every suite against the op and impl registries and expand the grids.
+
+    Raises InvalidSpecError (unknown op/impl/regime, invalid params with the grid point named)
+    or CaseLimitError when the job has more cases than min(max_cases, spec.max_cases)."""
+    from kassay.impls import get_impl, load
+    from kassay.ops import get_op
+
+    cap = min(max_cases, spec.max_cases or max_cases)
+    n = count_cases(spec)
+    if n > cap:
+        raise CaseLimitError(
+            f"job expands to {n} cases, over the cap of {cap}; split it or shrink the grid",
+            details={"cases": n, "cap": cap},
+        )
+    load(mutants=include_mutants, testing=include_testing)
+    groups: list[GroupSpec] = []
+    for si, suite in enumerate(spec.suites):
+        try:
+            op = get_op(suite.op)
+        except InvalidSpecError as exc:
+            exc.details["loc"] = ["suites", si, "op"]
+            raise
+        for name in [*suite.impls, suite.baseline]:
+            try:
+                get_impl(op.name, name, include_mutants=include_mutants,
+                         include_testing=include_testing)
+            except InvalidSpecError as exc:
+                exc.details["loc"] = ["suites", si, "impls"]
+                raise
+        for regime in suite.regimes:
+            try:
+                op.check_regime(regime)
+            except InvalidSpecError as exc:
+                exc.details["loc"] = ["suites", si, "regimes"]
+                raise
+        for point in _grid(suite.params):
+            try:
+                params = op.parse_params(point).model_dump()
+            except ValidationError as exc:
+                err = spec_error(exc, ("suites", si, "params"))
+                err.message = f"{err.message} (grid point {point})"
+                err.args = (err.message,)
+                raise err from None
+            for regime in suite.regimes:
+                for seed in suite.seeds:
+                    groups.append(GroupSpec(
+                        group_id=_group_id(op.name, params, regime, seed, si),
+                        suite_index=si, op=op.name, params=params, regime=regime, seed=seed,
+                        impls=list(suite.impls), baseline=suite.baseline,
+                        tolerance=suite.tolerance, timing=suite.timing,
+                    ))
+    ids = [g.group_id for g in groups]
+    if len(set(ids)) != len(ids):
+        raise InvalidSpecError("the grid repeats a point (same params, regime and seed twice)")
+    return groups
