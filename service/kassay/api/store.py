@@ -152,7 +152,7 @@ class Store:
         already used for the same spec, returns the existing job and False (a different spec
         under the same key is a ConflictError)."""
         if idempotency_key:
-            existing = self._by_key(idempotency_key, spec_hash)
+            existing = self.find_by_key(idempotency_key, spec_hash)
             if existing is not None:
                 return existing, False
         job_id = new_job_id()
@@ -192,7 +192,7 @@ class Store:
                         state="finished", finished_at=now))
         except IntegrityError:
             if idempotency_key:  # a concurrent request with the same key won the race
-                existing = self._by_key(idempotency_key, spec_hash)
+                existing = self.find_by_key(idempotency_key, spec_hash)
                 if existing is not None:
                     return existing, False
             raise
@@ -200,7 +200,7 @@ class Store:
         assert job is not None
         return job, True
 
-    def _by_key(self, key: str, spec_hash: str | None) -> JobRecord | None:
+    def find_by_key(self, key: str, spec_hash: str | None) -> JobRecord | None:
         with self.engine.connect() as conn:
             row = conn.execute(select(jobs).where(jobs.c.idempotency_key == key)).first()
         if row is None:
@@ -348,6 +348,16 @@ class Store:
                 state="pending", worker=None, owner=None, lease_expires_at=None,
                 last_error=reason))
         return True
+
+    def release_group(self, job_id: str, group_id: str, *, owner: str) -> None:
+        """Put a group leased by `owner` back in the queue without counting the attempt (its
+        API is shutting down)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(groups).where(and_(
+                groups.c.job_id == job_id, groups.c.group_id == group_id,
+                groups.c.state == "leased", groups.c.owner == owner)).values(
+                state="pending", worker=None, owner=None, lease_expires_at=None,
+                attempts=groups.c.attempts - 1))
 
     def finish_group(self, job_id: str, group_id: str, *, status: str = "error",
                      reason: str = "the worker returned no result for this case") -> None:

@@ -47,7 +47,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("lse_merge", "m_empty_nan", {**_L, "mode": "step"}, ("empty_rows", "fa2_inf")),
     Probe("lse_merge", "m_copy_update", {**_L, "mode": "step"}),
     Probe("lse_merge", "m_out_dtype_accum",
-          {"T": 128, "Hh": 4, "D": 64, "K": 32, "dtype": "bfloat16", "mode": "step",
+          {"T": 128, "Hh": 4, "D": 64, "K": 64, "dtype": "bfloat16", "mode": "step",
            "accumulate": "float32"}),
     Probe("lse_merge", "m_zeros", {**_L, "mode": "merge"}),
 )

@@ -1,0 +1,84 @@
+"""The FastAPI app factory: routes, the one error handler for kassay's exception tree, the store
+and the dispatcher's lifecycle."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kassay import __version__
+from kassay.api.deps import Services
+from kassay.api.metrics import ApiMetrics, MetricsMiddleware
+from kassay.api.notify import JobNotifier
+from kassay.api.store import Store
+from kassay.errors import KassayError
+from kassay.settings import Settings, get_settings
+
+
+async def _kassay_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, KassayError)
+    return JSONResponse(exc.to_dict(), status_code=exc.http_status)
+
+
+async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+              for e in exc.errors()]
+    text = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
+    return JSONResponse({"error": "InvalidRequestError", "message": f"invalid request: {text}",
+                         "details": {"errors": errors}}, status_code=422)
+
+
+async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    name = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "HTTPError")
+    return JSONResponse({"error": name, "message": str(exc.detail), "details": {}},
+                        status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
+    """Build the API. `dispatch=False` leaves the dispatcher idle (tests of the routes alone)."""
+    from kassay.api.dispatcher import Dispatcher
+    from kassay.api.routes import dashboard, jobs, system
+
+    settings = settings or get_settings()
+    metrics = ApiMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = Store(settings.database_url)
+        notifier = JobNotifier()
+        dispatcher = Dispatcher(store, settings, notifier=notifier, metrics=metrics)
+        app.state.services = Services(settings=settings, store=store, dispatcher=dispatcher,
+                                      notifier=notifier, metrics=metrics)
+        if dispatch:
+            await dispatcher.start()
+        try:
+            yield
+        finally:
+            await dispatcher.stop()
+            store.close()
+
+    app = FastAPI(
+        title="kassay", version=__version__, lifespan=lifespan,
+        description="kassay (kernel assay): submit kernel-validation jobs, follow them, "
+        "download their reports.",
+    )
+    app.state.settings = settings
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    handlers: dict[Any, Any] = {
+        KassayError: _kassay_error, RequestValidationError: _validation_error,
+        StarletteHTTPException: _http_error,
+    }
+    for exc_class, handler in handlers.items():
+        app.add_exception_handler(exc_class, handler)
+    app.include_router(jobs.router)
+    app.include_router(system.router)
+    app.include_router(dashboard.router)
+    return app

@@ -1,0 +1,372 @@
+"""The dispatcher: sends queued input groups to the workers over gRPC and stores what comes back.
+
+One task per configured worker address. While the worker answers Describe it is `up`: the task
+leases the oldest pending group the worker can run (one group at a time per worker device),
+sends it in one `Run` call and stores each CaseResult as it streams in. A lease is a row in the
+store renewed while the group runs; a group whose lease ran out (its API process died) is
+requeued by any dispatcher's sweeper, which is how a restarted API resumes a job.
+
+A worker lost mid-group (the stream breaks, or it sends nothing for `stall_s`) is marked down and
+its group is requeued with only the cases that have no result yet; after `max_attempts` those
+cases become `error: worker lost`. A worker that refuses a group (INVALID_ARGUMENT ...) fails
+that group's cases with the worker's message, without retrying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from kassay.api.metrics import ApiMetrics
+from kassay.api.notify import JobNotifier
+from kassay.api.schemas import WorkerInfo
+from kassay.api.store import Claim, Store
+from kassay.settings import Settings
+
+log = logging.getLogger("kassay.api.dispatcher")
+
+# gRPC codes after which the group is retried elsewhere (the worker or the link failed);
+# any other code means the worker refused the group itself.
+_TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL",
+                        "ABORTED", "RESOURCE_EXHAUSTED"})
+
+_CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+]
+
+
+class WorkerLost(Exception):
+    """The worker stopped answering while running a group."""
+
+
+@dataclass
+class WorkerLink:
+    """One configured worker address and what its last Describe said."""
+
+    address: str
+    state: str = "unknown"  # unknown | up | down
+    channel: Any = None
+    stub: Any = None
+    device: str | None = None
+    device_name: str | None = None
+    memory_bytes: int | None = None
+    ops: dict[str, list[str]] = field(default_factory=dict)
+    environment: dict[str, Any] | None = None
+    last_seen: float | None = None
+    last_error: str | None = None
+    running: dict[str, tuple[str, str]] = field(default_factory=dict)  # run_id -> (job, group)
+    calls: dict[str, Any] = field(default_factory=dict)  # run_id -> grpc call
+
+    def impl_names(self) -> set[str]:
+        return {name for impls in self.ops.values() for name in impls}
+
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
+            address=self.address, state=self.state, device=self.device,
+            device_name=self.device_name, memory_bytes=self.memory_bytes, ops=self.ops,
+            running=[f"{j}/{g}" for j, g in self.running.values()],
+            last_seen=(datetime.fromtimestamp(self.last_seen, timezone.utc)
+                       if self.last_seen else None),
+            last_error=self.last_error, environment=self.environment,
+        )
+
+
+class Dispatcher:
+    """Feeds the store's queue to the workers; see the module docstring."""
+
+    def __init__(self, store: Store, settings: Settings, *, notifier: JobNotifier,
+                 metrics: ApiMetrics) -> None:
+        self.store = store
+        self.settings = settings
+        self.notifier = notifier
+        self.metrics = metrics
+        self.owner = "api-" + secrets.token_hex(6)
+        self.links = [WorkerLink(a) for a in dict.fromkeys(settings.workers)]
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._cancelled_runs: set[str] = set()
+
+    # ---------------------------------------------------------------- catalog (admission)
+
+    def impls_for(self, op: str) -> set[str] | None:
+        described = [link for link in self.links if link.ops]
+        if not described:
+            return None
+        return {name for link in described for name in link.ops.get(op, [])}
+
+    def max_memory(self) -> int | None:
+        sizes = [link.memory_bytes for link in self.links if link.memory_bytes]
+        return max(sizes) if sizes else None
+
+    def workers_up(self) -> int:
+        return sum(1 for link in self.links if link.state == "up")
+
+    def workers_info(self) -> list[WorkerInfo]:
+        return [link.info() for link in self.links]
+
+    # ------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        import grpc
+
+        for link in self.links:
+            link.channel = grpc.aio.insecure_channel(link.address, options=_CHANNEL_OPTIONS)
+            from kassay.v1 import worker_pb2_grpc
+
+            link.stub = worker_pb2_grpc.WorkerStub(link.channel)
+            self._tasks.append(asyncio.create_task(self._worker_loop(link),
+                                                   name=f"worker {link.address}"))
+        self._tasks.append(asyncio.create_task(self._sweeper(), name="lease sweeper"))
+
+    async def stop(self) -> None:
+        """Stop dispatching. The groups running now go back to the queue (without counting an
+        attempt); an API killed outright leaves leases that run out instead."""
+        self._stopping = True
+        running = [key for link in self.links for key in link.running.values()]
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        for job_id, group_id in running:  # hand them back now rather than at lease expiry
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.store.release_group, job_id, group_id,
+                                        owner=self.owner)
+        for link in self.links:
+            if link.channel is not None:
+                await link.channel.close(grace=None)
+
+    def wake(self) -> None:
+        """A job was stored: idle worker tasks look at the queue now."""
+        self._wake.set()
+
+    async def _idle(self, timeout: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        self._wake.clear()
+
+    # ------------------------------------------------------------------------- workers
+
+    async def describe(self, link: WorkerLink) -> bool:
+        """Refresh what the worker offers; False (and the link down) when it does not answer."""
+        from kassay.v1 import worker_pb2 as pb
+
+        try:
+            resp = await link.stub.Describe(pb.DescribeRequest(), timeout=5.0)
+        except Exception as exc:
+            if link.state != "down":
+                log.warning("worker %s is down: %s", link.address, _rpc_text(exc))
+            link.state = "down"
+            link.last_error = _rpc_text(exc)
+            return False
+        link.device = resp.device
+        link.device_name = resp.device_name
+        link.memory_bytes = int(resp.memory_total_bytes) or None
+        link.ops = {op.name: [i.name for i in op.impls] for op in resp.ops}
+        if resp.HasField("environment"):
+            from kassay.worker.convert import environment_from_proto
+
+            with contextlib.suppress(Exception):
+                link.environment = environment_from_proto(resp.environment).model_dump(
+                    mode="json")
+        if link.state != "up":
+            log.info("worker %s is up (%s)", link.address, resp.device_name or resp.device)
+        link.state = "up"
+        link.last_seen = time.time()
+        link.last_error = None
+        return True
+
+    async def _worker_loop(self, link: WorkerLink) -> None:
+        poll = self.settings.worker_poll_s
+        last_describe = 0.0
+        while not self._stopping:
+            try:
+                if link.state != "up" or time.monotonic() - last_describe > 5 * poll:
+                    last_describe = time.monotonic()
+                    if not await self.describe(link):
+                        await asyncio.sleep(poll)
+                        continue
+                claim = await asyncio.to_thread(
+                    self.store.claim_group, worker=link.address, owner=self.owner,
+                    lease_s=self.settings.lease_s, impls=link.impl_names() or None)
+                if claim is None:
+                    await self._idle(poll)
+                    continue
+                await self._run(link, claim)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep the loop alive whatever one group did
+                log.exception("dispatch loop of %s", link.address)
+                await asyncio.sleep(poll)
+
+    # ---------------------------------------------------------------------------- runs
+
+    async def _run(self, link: WorkerLink, claim: Claim) -> None:
+        from kassay.v1 import worker_pb2 as pb
+        from kassay.worker.convert import group_to_proto
+
+        job_id, group = claim.job_id, claim.group
+        run_id = f"{job_id}/{group.group_id}/{claim.attempt}"
+        self.metrics.groups_dispatched.inc()
+        log.info("group %s of %s -> %s (attempt %d, %d impls)", group.group_id, job_id,
+                 link.address, claim.attempt, len(group.impls))
+        request = pb.RunRequest(run_id=run_id, groups=[group_to_proto(group)],
+                                include_mutants=self.settings.enable_mutants)
+        call = link.stub.Run(request)
+        link.running[run_id] = (job_id, group.group_id)
+        link.calls[run_id] = call
+        outcome: str = "lost"
+        reason = ""
+        not_run: list[str] = []
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(call.read(), self.settings.stall_s)
+                except asyncio.TimeoutError:
+                    call.cancel()
+                    raise WorkerLost(f"no word from the worker for {self.settings.stall_s:g} s")
+                if event is _eof():
+                    outcome = "done"
+                    break
+                link.last_seen = time.time()
+                which = event.WhichOneof("event")
+                if which == "result":
+                    await self._store_result(job_id, event.result)
+                elif which == "done":
+                    not_run = list(event.done.not_run)
+                    reason = event.done.reason
+            if not_run:
+                outcome = "handed_back"
+        except asyncio.CancelledError:
+            if run_id not in self._cancelled_runs:
+                raise
+            outcome = "cancelled"
+        except WorkerLost as exc:
+            reason = str(exc)
+            link.state = "down"
+            link.last_error = reason
+        except Exception as exc:
+            code = _rpc_code(exc)
+            reason = _rpc_text(exc)
+            if code in _TRANSIENT or code is None:
+                state = await asyncio.to_thread(self.store.group_state, job_id, group.group_id)
+                if run_id in self._cancelled_runs or state == "cancelled":
+                    outcome = "cancelled"
+                else:
+                    link.state = "down"
+                    link.last_error = reason
+            else:
+                outcome = "refused"
+        finally:
+            link.running.pop(run_id, None)
+            link.calls.pop(run_id, None)
+            self._cancelled_runs.discard(run_id)
+        await self._settle(job_id, group.group_id, outcome, reason)
+
+    async def _store_result(self, job_id: str, msg: Any) -> None:
+        from kassay.worker.convert import result_from_proto
+
+        result = result_from_proto(msg)
+        seq = await asyncio.to_thread(self.store.record_result, job_id, result)
+        if seq is None:
+            return
+        self.metrics.case_results.labels(result.status).inc()
+        if result.environment is not None:
+            await asyncio.to_thread(self.store.add_environment, job_id,
+                                    result.environment.model_dump(mode="json"))
+        self.notifier.notify(job_id)
+
+    async def _settle(self, job_id: str, group_id: str, outcome: str, reason: str) -> None:
+        """Close a run: finish the group, requeue it, or fail what is left of it."""
+        max_attempts = self.settings.max_attempts
+        if outcome == "done":
+            await asyncio.to_thread(self.store.finish_group, job_id, group_id)
+        elif outcome in ("lost", "handed_back"):
+            why = reason or "the worker stopped answering"
+            log.warning("group %s of %s: %s; requeueing", group_id, job_id, why)
+            if outcome == "handed_back":
+                max_attempts += 1  # a worker shutting down is not the group's fault
+            requeued = await asyncio.to_thread(self.store.requeue_group, job_id, group_id,
+                                               reason=why, max_attempts=max_attempts)
+            if requeued:
+                self.metrics.groups_requeued.inc()
+                self.wake()
+        elif outcome == "refused":
+            await asyncio.to_thread(self.store.finish_group, job_id, group_id,
+                                    reason=f"the worker refused the group: {reason}")
+        self.notifier.notify(job_id)
+
+    async def cancel_runs(self, keys: list[tuple[str, str]]) -> None:
+        """Stop the runs of cancelled groups: tell their workers, then drop the streams."""
+        from kassay.v1 import worker_pb2 as pb
+
+        wanted = set(keys)
+        for link in self.links:
+            for run_id, key in list(link.running.items()):
+                if key not in wanted:
+                    continue
+                with contextlib.suppress(Exception):
+                    await link.stub.Cancel(pb.CancelRequest(run_id=run_id), timeout=5.0)
+                call = link.calls.get(run_id)
+                if call is not None:
+                    self._cancelled_runs.add(run_id)
+                    call.cancel()
+
+    async def _sweeper(self) -> None:
+        """Renew the leases of the groups this API runs; requeue groups whose lease ran out."""
+        period = max(0.5, min(self.settings.lease_s / 4, 30.0))
+        while not self._stopping:
+            try:
+                keys = [key for link in self.links for key in link.running.values()]
+                if keys:
+                    await asyncio.to_thread(self.store.renew_leases, keys, owner=self.owner,
+                                            lease_s=self.settings.lease_s)
+                requeued = await asyncio.to_thread(self.store.requeue_expired,
+                                                   max_attempts=self.settings.max_attempts)
+                for job_id, _ in requeued:
+                    self.notifier.notify(job_id)
+                if requeued:
+                    self.metrics.groups_requeued.inc(len(requeued))
+                    self.wake()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("lease sweeper")
+            await asyncio.sleep(period)
+
+
+def _eof() -> Any:
+    import grpc
+
+    return grpc.aio.EOF
+
+
+def _rpc_code(exc: BaseException) -> str | None:
+    code = getattr(exc, "code", None)
+    if callable(code):
+        with contextlib.suppress(Exception):
+            return str(code().name)
+    return None
+
+
+def _rpc_text(exc: BaseException) -> str:
+    details = getattr(exc, "details", None)
+    code = _rpc_code(exc)
+    if callable(details) and code:
+        with contextlib.suppress(Exception):
+            return f"{code}: {details()}"
+    return f"{type(exc).__name__}: {exc}"

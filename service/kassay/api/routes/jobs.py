@@ -1,0 +1,203 @@
+"""/v1/jobs: submit, list, get, report, events (SSE), cancel."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from kassay.api.auth import require_read, require_write
+from kassay.api.deps import Services, services
+from kassay.api.schemas import ErrorBody, Job, JobPage
+from kassay.api.store import ACTIVE_STATES
+from kassay.api.submit import admit
+from kassay.errors import InvalidSpecError, KassayError, PayloadTooLargeError
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+ReportFormat = Literal["json", "junit", "markdown", "html"]
+JobState = Literal["queued", "running", "finished", "cancelled"]
+_ACCEPT = {
+    "application/json": "json", "application/xml": "junit", "text/xml": "junit",
+    "application/junit+xml": "junit", "text/markdown": "markdown", "text/html": "html",
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody},
+    409: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody},
+}
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"the body is {declared} bytes; the limit is {limit}",
+                                   details={"limit": limit})
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"the body is over the limit of {limit} bytes",
+                                       details={"limit": limit})
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post(
+    "", status_code=201, response_model=Job, responses=_ERRORS,
+    dependencies=[Depends(require_write)],
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"type": "object"}},
+        "application/yaml": {"schema": {"type": "string"}},
+    }}},
+)
+async def create_job(
+    request: Request,
+    response: Response,
+    svc: Annotated[Services, Depends(services)],
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+) -> Job:
+    """Submit a job spec (JSON or YAML). The same `Idempotency-Key` returns the same job
+    (200 instead of 201)."""
+    body = await _read_body(request, svc.settings.max_body_bytes)
+    try:
+        admitted = await run_in_threadpool(
+            admit, body, request.headers.get("content-type"), store=svc.store,
+            workers=svc.dispatcher, settings=svc.settings, idempotency_key=idempotency_key)
+    except KassayError as exc:
+        svc.metrics.jobs_refused.labels(type(exc).__name__).inc()
+        raise
+    job = Job.of(admitted.job)
+    response.headers["Location"] = job.links.self
+    if admitted.created:
+        svc.metrics.jobs_submitted.inc()
+        svc.dispatcher.wake()
+    else:
+        response.status_code = 200
+    return job
+
+
+def _labels(values: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for i, v in enumerate(values):
+        k, sep, val = v.partition("=")
+        if not sep or not k:
+            raise InvalidSpecError(
+                f"label filter {v!r} must be key=value",
+                details={"errors": [{"loc": ["query", "label", i], "msg": "expected key=value",
+                                     "type": "value_error"}]})
+        out[k] = val
+    return out
+
+
+@router.get("", response_model=JobPage, dependencies=[Depends(require_read)])
+def list_jobs(
+    svc: Annotated[Services, Depends(services)],
+    state: JobState | None = None,
+    label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
+    name: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(pattern=r"^\d+$")] = None,
+) -> JobPage:
+    """Jobs, newest first, filtered by state, labels and name; paginated by cursor."""
+    rows = svc.store.list_jobs(state=state, labels=_labels(label), name=name, limit=limit + 1,
+                               before=int(cursor) if cursor else None)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return JobPage(items=[Job.of(r) for r in rows],
+                   next_cursor=str(rows[-1].seq) if more and rows else None)
+
+
+@router.get("/{job_id}", response_model=Job, responses=_ERRORS,
+            dependencies=[Depends(require_read)])
+def get_job(job_id: str, svc: Annotated[Services, Depends(services)]) -> Job:
+    """A job's state and progress counts."""
+    return Job.of(svc.store.require_job(job_id))
+
+
+@router.get(
+    "/{job_id}/report", responses={**_ERRORS, 200: {"content": {
+        "application/json": {}, "application/xml": {}, "text/markdown": {}, "text/html": {}}}},
+    dependencies=[Depends(require_read)],
+)
+def get_report(
+    job_id: str,
+    request: Request,
+    svc: Annotated[Services, Depends(services)],
+    format: ReportFormat | None = None,  # noqa: A002
+) -> Response:
+    """The job's report (partial while it runs) as JSON, JUnit XML, Markdown or HTML, chosen
+    by `?format=` or else by the Accept header (JSON by default)."""
+    from kassay.validate.reports import MEDIA_TYPES, render
+
+    fmt = format
+    if fmt is None:
+        for part in request.headers.get("accept", "").split(","):
+            media = part.split(";")[0].strip().lower()
+            if media in _ACCEPT:
+                fmt = _ACCEPT[media]  # type: ignore[assignment]
+                break
+    fmt = fmt or "json"
+    report = svc.store.report(job_id)
+    media = MEDIA_TYPES[fmt]
+    if fmt in ("markdown", "html"):
+        media += "; charset=utf-8"
+    headers = {}
+    if fmt != "html":
+        ext = {"json": "json", "junit": "xml", "markdown": "md"}[fmt]
+        headers["Content-Disposition"] = f'inline; filename="{job_id}.{ext}"'
+    return Response(render(report, fmt), media_type=media, headers=headers)
+
+
+@router.get("/{job_id}/events", responses=_ERRORS, dependencies=[Depends(require_read)],
+            response_class=EventSourceResponse)
+async def job_events(
+    job_id: str,
+    request: Request,
+    svc: Annotated[Services, Depends(services)],
+    after: Annotated[int, Query(ge=0, description="skip results up to this event id")] = 0,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventSourceResponse:
+    """Server-sent events: one `result` event per case result (id = its sequence number in the
+    job, data = the CaseResult JSON), in the order they were stored, then one `final` event
+    with the job (state, progress). Reconnect with Last-Event-ID to resume."""
+    await run_in_threadpool(svc.store.require_job, job_id)
+    start = after
+    if last_event_id and last_event_id.isdigit():
+        start = max(start, int(last_event_id))
+
+    async def stream() -> AsyncIterator[dict[str, Any]]:
+        seen = start
+        while True:
+            job = await run_in_threadpool(svc.store.require_job, job_id)
+            rows = await run_in_threadpool(svc.store.results_since, job_id, seen)
+            for seq, result in rows:
+                seen = seq
+                yield {"event": "result", "id": str(seq), "data": json.dumps(result)}
+            if rows:
+                continue
+            if job.state not in ACTIVE_STATES and seen >= job.done:
+                yield {"event": "final", "id": str(seen),
+                       "data": Job.of(job).model_dump_json()}
+                return
+            if await request.is_disconnected():
+                return
+            await svc.notifier.wait(job_id, timeout=1.0)
+
+    return EventSourceResponse(stream(), ping=10)
+
+
+@router.post("/{job_id}/cancel", response_model=Job, responses=_ERRORS,
+             dependencies=[Depends(require_write)])
+async def cancel_job(job_id: str, svc: Annotated[Services, Depends(services)]) -> JSONResponse:
+    """Cancel a job: queued groups never run, running ones are stopped, cases without a result
+    become `skipped`. Cancelling a job that is over returns it unchanged."""
+    job, running = await run_in_threadpool(svc.store.cancel_job, job_id)
+    await svc.dispatcher.cancel_runs(running)
+    svc.notifier.notify(job_id)
+    return JSONResponse(Job.of(job).model_dump(mode="json"))

@@ -1,0 +1,55 @@
+"""Workers, health, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kassay.api.auth import require_read
+from kassay.api.deps import Services, services
+from kassay.api.schemas import WorkerInfo
+
+router = APIRouter()
+
+
+@router.get("/v1/workers", response_model=list[WorkerInfo], tags=["workers"],
+            dependencies=[Depends(require_read)])
+def list_workers(svc: Annotated[Services, Depends(services)]) -> list[WorkerInfo]:
+    """The configured workers: up or down, device, memory, the impls they offer per op, and the
+    groups they run now."""
+    return svc.dispatcher.workers_info()
+
+
+@router.get("/healthz", tags=["health"])
+def healthz() -> dict[str, str]:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["health"])
+async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
+    """Readiness: the database answers and, when workers are configured, at least one is up."""
+    body: dict[str, Any] = {"database": "ok", "workers_up": svc.dispatcher.workers_up(),
+                            "workers": len(svc.settings.workers)}
+    ready = True
+    try:
+        await run_in_threadpool(svc.store.ping)
+    except Exception as exc:
+        body["database"] = f"error: {type(exc).__name__}"
+        ready = False
+    if svc.settings.workers and body["workers_up"] == 0:
+        ready = False
+    body["status"] = "ready" if ready else "not ready"
+    return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/metrics", tags=["health"], response_class=Response)
+async def metrics(svc: Annotated[Services, Depends(services)]) -> Response:
+    """Prometheus metrics."""
+    svc.metrics.queue_depth.set(await run_in_threadpool(svc.store.queue_depth))
+    svc.metrics.workers_up.set(svc.dispatcher.workers_up())
+    return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,120 @@
+"""Admission of a job: parse, validate, expand, check against the workers, store.
+
+A job is refused before anything is stored when its spec is invalid (422 with the field path),
+names an op or impl nobody offers (the known ones listed), expands past the case cap, or needs
+more device memory than any worker has.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kassay.api.store import JobRecord, Store, body_hash
+from kassay.errors import InvalidSpecError, ResourceError, UnknownImplError
+from kassay.settings import Settings
+from kassay.validate.spec import GroupSpec, JobSpec, expand, parse_spec
+
+
+class WorkerCatalog(Protocol):
+    """What admission needs to know about the connected workers."""
+
+    def impls_for(self, op: str) -> set[str] | None:
+        """Impl names the described workers offer for `op`; None when no worker is known."""
+
+    def max_memory(self) -> int | None:
+        """The largest device memory of any described worker; None when none is known."""
+
+
+@dataclass
+class Admitted:
+    job: JobRecord
+    created: bool
+
+
+def parse_body(body: bytes, content_type: str | None) -> JobSpec:
+    """A spec from a JSON or YAML body (YAML is a superset of JSON; JSON bodies are parsed as
+    JSON so that their errors read as JSON errors)."""
+    if not body.strip():
+        raise InvalidSpecError("the request body is empty: send a job spec as JSON or YAML")
+    ctype = (content_type or "").split(";")[0].strip().lower()
+    if ctype == "application/json":
+        try:
+            data: Any = json.loads(body)
+        except ValueError as exc:
+            raise InvalidSpecError(f"the body is not valid JSON: {exc}") from None
+        return parse_spec(data)
+    return parse_spec(body)
+
+
+def _check_impls(spec: JobSpec, workers: WorkerCatalog, settings: Settings) -> None:
+    from kassay.impls import get_impl
+
+    for si, suite in enumerate(spec.suites):
+        offered = workers.impls_for(suite.op)
+        for name in [*suite.impls, suite.baseline]:
+            if offered is None:  # no worker described yet: judge by the local registry
+                try:
+                    get_impl(suite.op, name, include_mutants=settings.enable_mutants,
+                             include_testing=settings.enable_test_impls)
+                except InvalidSpecError as exc:
+                    exc.details["loc"] = ["suites", si, "impls"]
+                    raise
+            elif name not in offered:
+                known = sorted(offered)
+                raise UnknownImplError(
+                    f"suites.{si}.impls: no worker offers impl {name!r} for op {suite.op!r}; "
+                    f"known impls: {', '.join(known) or '(none)'}",
+                    details={"loc": ["suites", si, "impls"], "op": suite.op, "allowed": known},
+                )
+
+
+def _estimates(group_specs: list[GroupSpec]) -> tuple[dict[str, str], int, GroupSpec | None]:
+    """Per-group case dtype, and the largest per-group device-memory estimate."""
+    from kassay.ops import get_op
+
+    dtypes: dict[str, str] = {}
+    worst = 0
+    worst_group: GroupSpec | None = None
+    for g in group_specs:
+        op = get_op(g.op)
+        params = op.parse_params(g.params)
+        dtypes[g.group_id] = op.case_dtype(params)
+        need = int(op.estimate_device_bytes(params))
+        if need > worst:
+            worst, worst_group = need, g
+    return dtypes, worst, worst_group
+
+
+def admit(
+    body: bytes,
+    content_type: str | None,
+    *,
+    store: Store,
+    workers: WorkerCatalog,
+    settings: Settings,
+    idempotency_key: str | None = None,
+) -> Admitted:
+    """Validate and store a job; see the module docstring for what is refused."""
+    spec = parse_body(body, content_type)
+    spec_hash = body_hash(spec.model_dump_json())
+    if idempotency_key:  # a replay returns the stored job without re-validating it
+        existing = store.find_by_key(idempotency_key, spec_hash)
+        if existing is not None:
+            return Admitted(existing, False)
+    group_specs = expand(spec, max_cases=settings.max_cases,
+                         include_mutants=settings.enable_mutants, include_testing=True)
+    _check_impls(spec, workers, settings)
+    dtypes, need, worst = _estimates(group_specs)
+    capacity = workers.max_memory()
+    if capacity is not None and worst is not None and need > capacity:
+        raise ResourceError(
+            f"group {worst.group_id} ({worst.op} {worst.params}) needs about {need / 2**30:.2f} "
+            f"GiB of device memory; the largest worker has {capacity / 2**30:.2f} GiB",
+            details={"loc": ["suites", worst.suite_index, "params"], "needed_bytes": need,
+                     "largest_worker_bytes": capacity, "group": worst.params},
+        )
+    job, created = store.create_job(spec, group_specs, dtypes,
+                                    idempotency_key=idempotency_key, spec_hash=spec_hash)
+    return Admitted(job, created)

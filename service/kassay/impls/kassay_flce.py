@@ -1,0 +1,34 @@
+"""kassay's Triton fused linear cross-entropy (kassay.kernels.flce) as the `kassay` impl."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from kassay.impls import flce_harness
+from kassay.impls.registry import Impl, register
+from kassay.kernels.flce import fused_linear_cross_entropy
+from kassay.ops.flce import FlceParams
+
+
+def _loss(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None,
+          p: FlceParams) -> Any:
+    return fused_linear_cross_entropy(
+        x, w, target, b, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing,
+        reduction=p.reduction, softcap=p.softcap, z_loss_scale=p.z_loss_scale,
+        return_z_loss=p.return_z_loss,
+    )
+
+
+def _supports(p: FlceParams, device: torch.device) -> str | None:
+    low = p.dtype == "bfloat16" or p.autocast == "bfloat16"
+    if low and os.environ.get("TRITON_INTERPRET") == "1":
+        return "the Triton interpreter computes tl.dot on bfloat16 wrongly: bf16 runs on GPUs"
+    return None
+
+
+register(Impl("flce", "kassay", flce_harness.as_run(_loss),
+              "kassay's Triton fused linear cross-entropy (chunked, gradients in forward)",
+              _supports))

@@ -1,0 +1,249 @@
+"""pydantic <-> protobuf conversion for the kassay.v1 worker contract.
+
+The protobuf messages mirror the pydantic models field for field, so most of the work is generic
+(walk the message descriptor). Conventions:
+
+- A pydantic None is an absent `optional` field (or an absent sub-message), and back.
+- Op params and the tolerance/timing policies are read back through their pydantic models: a
+  field the sender left out takes the model's default, and invalid values fail here with the
+  field path (InvalidSpecError, which the worker maps to INVALID_ARGUMENT). A validated params
+  dump round-trips exactly.
+- The op's params travel in a `oneof params` whose case names the op (`flce`, `lse_merge`).
+- Environment extras (the model allows them) travel as JSON text in `extra`.
+
+Importing this module is cheap; reading params back imports kassay.ops (and so torch).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+from pydantic import BaseModel, ValidationError
+
+from kassay.errors import InvalidSpecError
+from kassay.v1 import worker_pb2 as pb
+from kassay.validate.results import CaseResult, Environment
+from kassay.validate.spec import GroupSpec, TimingPolicy, TolerancePolicy, spec_error
+
+Loc = tuple[str | int, ...]
+
+#: ops that have a params message, i.e. the cases of the `params` oneofs.
+PARAMS_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in pb.GroupSpec.DESCRIPTOR.oneofs_by_name["params"].fields
+)
+
+_ENV_FIELDS = frozenset(pb.Environment.DESCRIPTOR.fields_by_name) - {"extra"}
+
+
+def _invalid(loc: Loc, msg: str) -> InvalidSpecError:
+    path = ".".join(str(p) for p in loc) or "(root)"
+    return InvalidSpecError(f"{path}: {msg}",
+                            details={"errors": [{"loc": list(loc), "msg": msg}]})
+
+
+def _is_map(f: FieldDescriptor) -> bool:
+    return f.message_type is not None and f.message_type.GetOptions().map_entry
+
+
+# --------------------------------------------------------------------------- generic walkers
+
+
+def fill(msg: Message, data: Mapping[str, Any], loc: Loc = ()) -> Message:
+    """Set `msg`'s fields from a plain dict (a pydantic dump). None values stay absent; an
+    unknown key or a value of the wrong type raises InvalidSpecError naming the field."""
+    fields = msg.DESCRIPTOR.fields_by_name
+    for key, value in data.items():
+        f = fields.get(key)
+        here = (*loc, key)
+        if f is None:
+            raise _invalid(here, f"unknown field for {msg.DESCRIPTOR.name}")
+        if value is None:
+            continue
+        try:
+            if _is_map(f):
+                getattr(msg, key).update(value)
+            elif f.is_repeated and f.message_type is not None:
+                container = getattr(msg, key)
+                for i, item in enumerate(value):
+                    fill(container.add(), item, (*here, i))
+            elif f.is_repeated:
+                getattr(msg, key).extend(value)
+            elif f.message_type is not None:
+                sub = getattr(msg, key)
+                sub.SetInParent()
+                fill(sub, value, here)
+            else:
+                setattr(msg, key, value)
+        except (TypeError, ValueError) as exc:
+            raise _invalid(here, f"cannot be sent as protobuf {f.type}: {exc}") from None
+    return msg
+
+
+def read(msg: Message, *, omit_absent: bool = False) -> dict[str, Any]:
+    """A plain dict of `msg`'s fields: absent optional fields and sub-messages become None (or
+    are left out with omit_absent, so that a pydantic model fills its defaults)."""
+    out: dict[str, Any] = {}
+    for f in msg.DESCRIPTOR.fields:
+        value = getattr(msg, f.name)
+        if _is_map(f):
+            out[f.name] = dict(value)
+        elif f.is_repeated:
+            out[f.name] = ([read(v, omit_absent=omit_absent) for v in value]
+                           if f.message_type is not None else list(value))
+        elif f.has_presence and not msg.HasField(f.name):
+            if not omit_absent:
+                out[f.name] = None
+        elif f.message_type is not None:
+            out[f.name] = read(value, omit_absent=omit_absent)
+        else:
+            out[f.name] = value
+    return out
+
+
+def _validate(model: type[BaseModel], data: dict[str, Any], loc: Loc) -> Any:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise spec_error(exc, loc) from None
+
+
+# ------------------------------------------------------------------------------------ params
+
+
+def set_params(msg: Message, op: str, params: Mapping[str, Any], loc: Loc = ()) -> None:
+    """Put an op's params dict into the `params` oneof of msg (GroupSpec or CaseResult)."""
+    if op not in PARAMS_FIELDS:
+        raise InvalidSpecError(
+            f"{'.'.join(map(str, (*loc, 'op'))) or 'op'}: unknown op {op!r}; known ops: "
+            + ", ".join(PARAMS_FIELDS),
+            details={"field": "op", "allowed": list(PARAMS_FIELDS),
+                     "errors": [{"loc": [*loc, "op"], "msg": f"unknown op {op!r}"}]},
+        )
+    sub = getattr(msg, op)
+    sub.SetInParent()
+    fill(sub, params, (*loc, "params"))
+
+
+def get_params(msg: Message, op: str, loc: Loc = ()) -> dict[str, Any]:
+    """The op's validated params dump from the `params` oneof of msg; checks it names `op`."""
+    which = msg.WhichOneof("params")
+    if which is None:
+        raise _invalid((*loc, "params"), f"missing: set one of {', '.join(PARAMS_FIELDS)}")
+    if op and which != op:
+        raise _invalid((*loc, "op"), f"op is {op!r} but the params are {which!r} params")
+    from kassay.ops import get_op
+
+    model = get_op(which).params_model
+    params = _validate(model, read(getattr(msg, which), omit_absent=True), (*loc, "params"))
+    return dict(params.model_dump())
+
+
+# ------------------------------------------------------------------------------------ groups
+
+
+def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
+    """GroupSpec (pydantic) -> kassay.v1.GroupSpec."""
+    msg = pb.GroupSpec(
+        group_id=group.group_id, suite_index=group.suite_index, op=group.op,
+        regime=group.regime, seed=group.seed, impls=list(group.impls), baseline=group.baseline,
+    )
+    set_params(msg, group.op, group.params)
+    fill(msg.tolerance, group.tolerance.model_dump(), ("tolerance",))
+    fill(msg.timing, group.timing.model_dump(), ("timing",))
+    return msg
+
+
+def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
+    """kassay.v1.GroupSpec -> GroupSpec, validating params and policies (InvalidSpecError with
+    the field path under `loc` on a bad value)."""
+    if not msg.group_id:
+        raise _invalid((*loc, "group_id"), "must not be empty")
+    if not msg.impls:
+        raise _invalid((*loc, "impls"), "must list at least one impl")
+    op = msg.op or (msg.WhichOneof("params") or "")
+    params = get_params(msg, op, loc)
+    tolerance = (_validate(TolerancePolicy, read(msg.tolerance, omit_absent=True),
+                           (*loc, "tolerance"))
+                 if msg.HasField("tolerance") else TolerancePolicy())
+    timing = (_validate(TimingPolicy, read(msg.timing, omit_absent=True), (*loc, "timing"))
+              if msg.HasField("timing") else TimingPolicy())
+    return _validate(GroupSpec, {
+        "group_id": msg.group_id, "suite_index": msg.suite_index, "op": op, "params": params,
+        "regime": msg.regime or "normal", "seed": msg.seed, "impls": list(msg.impls),
+        "baseline": msg.baseline or "torch", "tolerance": tolerance, "timing": timing,
+    }, loc)
+
+
+def groups_from_proto(msgs: Sequence[pb.GroupSpec]) -> list[GroupSpec]:
+    return [group_from_proto(m, ("groups", i)) for i, m in enumerate(msgs)]
+
+
+# ------------------------------------------------------------------------------- environment
+
+
+def environment_to_proto(env: Environment, msg: pb.Environment | None = None) -> pb.Environment:
+    msg = pb.Environment() if msg is None else msg
+    data = env.model_dump()
+    extra = {k: data.pop(k) for k in list(data) if k not in _ENV_FIELDS}
+    fill(msg, data, ("environment",))
+    for k, v in extra.items():
+        msg.extra[k] = json.dumps(v, sort_keys=True, default=str)
+    return msg
+
+
+def environment_from_proto(msg: pb.Environment) -> Environment:
+    data = read(msg)
+    extra = data.pop("extra")
+    for k, v in extra.items():
+        try:
+            data[k] = json.loads(v)
+        except ValueError:
+            data[k] = v
+    return Environment.model_validate(data)
+
+
+# ----------------------------------------------------------------------------------- results
+
+_RESULT_SPECIAL = ("params", "environment")
+
+
+def result_to_proto(result: CaseResult, msg: pb.CaseResult | None = None) -> pb.CaseResult:
+    """CaseResult (pydantic) -> kassay.v1.CaseResult."""
+    msg = pb.CaseResult() if msg is None else msg
+    data = result.model_dump(exclude=set(_RESULT_SPECIAL))
+    fill(msg, data)
+    set_params(msg, result.op, result.params)
+    if result.environment is not None:
+        environment_to_proto(result.environment, msg.environment)
+    return msg
+
+
+def result_from_proto(msg: pb.CaseResult) -> CaseResult:
+    """kassay.v1.CaseResult -> CaseResult."""
+    data = read(msg)
+    for key in (*PARAMS_FIELDS, *_RESULT_SPECIAL):
+        data.pop(key, None)
+    data["params"] = get_params(msg, msg.op)
+    data["environment"] = (environment_from_proto(msg.environment)
+                           if msg.HasField("environment") else None)
+    return CaseResult.model_validate(data)
+
+
+__all__ = [
+    "PARAMS_FIELDS",
+    "environment_from_proto",
+    "environment_to_proto",
+    "fill",
+    "get_params",
+    "group_from_proto",
+    "group_to_proto",
+    "groups_from_proto",
+    "read",
+    "result_from_proto",
+    "result_to_proto",
+    "set_params",
+]

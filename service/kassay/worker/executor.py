@@ -1,0 +1,273 @@
+"""The executor: the child process that owns the device and runs input groups through the engine.
+
+    python -m kassay.worker.executor --device cpu [--enable-test-impls] [--ceilings JSON]
+
+The supervisor (kassay.worker.supervisor) starts one per device and talks to it over the child's
+stdin/stdout with length-prefixed pickled dicts (see `Channel`); on start-up the child moves the
+protocol off fds 0/1 and points fd 1 at stderr, so whatever an impl prints cannot corrupt it.
+
+Messages, supervisor -> executor:
+    {"type": "run", "group": GroupSpec dump, "include_mutants": bool}
+    {"type": "exit"}
+executor -> supervisor:
+    {"type": "ready", "info": {...}}             once, after imports and device set-up
+    {"type": "fatal", "error": str}              start-up failed (then exits 2)
+    {"type": "started", "case_id": str}          before each case
+    {"type": "result", "result": CaseResult dump}
+    {"type": "poisoned", "reason": str}          the CUDA context is unusable (then exits 3)
+    {"type": "group_done"} | {"type": "group_error", "error": str}
+
+A segfault, a hang or os._exit in an impl takes only this process down; the supervisor notices
+(EOF or its timeout), reports the case, and starts a fresh executor.
+
+Only the standard library is imported at module level: on the CPU TRITON_INTERPRET must be set
+before torch or triton is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import struct
+import sys
+import traceback
+from typing import Any, BinaryIO
+
+_HEADER = struct.Struct(">I")
+POISONED_EXIT_CODE = 3
+FATAL_EXIT_CODE = 2
+# Substrings of errors after which a CUDA context cannot be trusted (sticky errors).
+_CUDA_POISON = ("CUDA error", "illegal memory access", "device-side assert", "AcceleratorError",
+                "CUBLAS_STATUS_EXECUTION_FAILED", "unspecified launch failure")
+
+
+class Channel:
+    """Length-prefixed pickle frames over a pair of byte streams (both sides use it)."""
+
+    def __init__(self, rfile: BinaryIO, wfile: BinaryIO) -> None:
+        self.rfile, self.wfile = rfile, wfile
+
+    @classmethod
+    def from_stdio(cls) -> Channel:
+        """Take fds 0/1 for the protocol; afterwards fd 0 is /dev/null and fd 1 is stderr."""
+        rfd, wfd = os.dup(0), os.dup(1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+        return cls(os.fdopen(rfd, "rb", buffering=0), os.fdopen(wfd, "wb", buffering=0))
+
+    @staticmethod
+    def encode(obj: dict[str, Any]) -> bytes:
+        body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return _HEADER.pack(len(body)) + body
+
+    def send(self, obj: dict[str, Any]) -> None:
+        self.wfile.write(self.encode(obj))
+        self.wfile.flush()
+
+    def _read(self, n: int) -> bytes | None:
+        buf = b""
+        while len(buf) < n:
+            chunk = self.rfile.read(n - len(buf))
+            if not chunk:
+                return None
+            buf += chunk
+        return buf
+
+    def recv(self) -> dict[str, Any] | None:
+        """The next message, or None at end of stream."""
+        head = self._read(_HEADER.size)
+        if head is None:
+            return None
+        body = self._read(_HEADER.unpack(head)[0])
+        return None if body is None else pickle.loads(body)
+
+
+def wants_interpreter(device: str) -> bool:
+    """Whether Triton must run under its interpreter for this device name."""
+    return device == "cpu" or (device == "auto" and shutil.which("nvidia-smi") is None)
+
+
+# ------------------------------------------------------------------------------ device info
+
+
+def _memory(device: Any) -> tuple[int, int]:
+    import torch
+
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return int(total), int(free)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return page * os.sysconf("SC_PHYS_PAGES"), page * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _minimal_params(op: Any, dtype: str | None) -> Any:
+    """The smallest valid params of `op` in `dtype` (required ints set to 2)."""
+    raw: dict[str, Any] = {}
+    for name, field in op.params_model.model_fields.items():
+        if field.is_required():
+            raw[name] = 2
+    if dtype is not None:
+        raw["dtype"] = dtype
+    return op.parse_params(raw)
+
+
+def _dtypes(op: Any) -> list[str]:
+    from typing import get_args
+
+    field = op.params_model.model_fields.get("dtype")
+    return [str(a) for a in get_args(field.annotation)] if field is not None else []
+
+
+def describe_ops(device: Any, *, include_testing: bool) -> list[dict[str, Any]]:
+    """Ops and impls with what each supports on `device`: the impl's supports() on the minimal
+    params of every dtype (cheap; params-dependent limits beyond that are not known here)."""
+    from kassay.impls import list_impls
+    from kassay.ops import OPS
+
+    ops = []
+    for op in OPS.values():
+        dtypes = _dtypes(op)
+        impls = []
+        for impl in list_impls(op.name, include_mutants=True, include_testing=include_testing):
+            support = []
+            for dt in dtypes or [None]:
+                try:
+                    reason = impl.supports(_minimal_params(op, dt), device)
+                except Exception as exc:  # a predicate that raises says "not known"
+                    reason = f"supports() raised {type(exc).__name__}: {exc}"
+                support.append({"dtype": dt or "", "supported": not reason,
+                                "reason": reason or ""})
+            impls.append({
+                "name": impl.name, "kind": impl.kind, "description": impl.description,
+                "bug": impl.bug, "is_baseline": impl.name == "torch",
+                "device_supported": any(s["supported"] for s in support), "dtypes": support,
+            })
+        ops.append({"name": op.name, "description": op.description,
+                    "regimes": list(op.regimes), "dtypes": dtypes, "impls": impls})
+    return ops
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+class Executor:
+    """The child's state: the resolved device and the engine entry point."""
+
+    def __init__(self, chan: Channel, device_name: str, *, testing: bool,
+                 ceilings: dict[str, float] | None, worker_id: str | None) -> None:
+        import torch
+
+        from kassay.impls import load
+        from kassay.validate import engine
+        from kassay.validate.ceilings import measure_ceilings
+        from kassay.validate.env import environment, resolve_device
+
+        self.chan = chan
+        self.torch = torch
+        self.engine = engine
+        self.testing = testing
+        self.worker_id = worker_id
+        self.device = resolve_device(device_name)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        try:
+            load(mutants=True, testing=testing)
+        except ModuleNotFoundError:  # a build without the mutant corpus
+            load(testing=testing)
+        if ceilings is None:
+            ceilings = measure_ceilings(self.device)
+        else:
+            # Measured by an earlier executor of this worker: skip re-measuring on restarts.
+            known = dict(ceilings)
+            engine.measure_ceilings = lambda _device: known  # type: ignore[attr-defined]
+        self.ceilings = ceilings
+        env = environment(self.device).model_copy(update={"ceilings": ceilings})
+        total, free = _memory(self.device)
+        self.info = {
+            "pid": os.getpid(), "device": str(self.device), "device_name": env.device_name,
+            "memory_total_bytes": total, "memory_free_bytes": free,
+            "environment": env.model_dump(), "ceilings": ceilings,
+            "ops": describe_ops(self.device, include_testing=testing),
+        }
+
+    def _poisoned(self, message: str) -> str | None:
+        if self.device.type != "cuda":
+            return None
+        try:
+            self.torch.cuda.synchronize(self.device)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if any(p in message for p in _CUDA_POISON):
+            return message
+        return None
+
+    def run(self, msg: dict[str, Any]) -> None:
+        from kassay.validate.spec import GroupSpec
+
+        group = GroupSpec.model_validate(msg["group"])
+
+        def on_start(case_id: str) -> None:
+            self.chan.send({"type": "started", "case_id": case_id})
+
+        def on_result(result: Any) -> None:
+            self.chan.send({"type": "result", "result": result.model_dump()})
+            reason = self._poisoned(result.message if result.status == "error" else "")
+            if reason is not None:
+                self.chan.send({"type": "poisoned", "reason": reason})
+                os._exit(POISONED_EXIT_CODE)
+
+        try:
+            self.engine.run_group(group, device=self.device,
+                                  include_mutants=bool(msg.get("include_mutants")),
+                                  include_testing=self.testing, on_start=on_start,
+                                  on_result=on_result, worker=self.worker_id)
+        except Exception as exc:  # the group cannot run at all (inputs, reference, ...)
+            tb = traceback.format_exc(limit=-3)
+            self.chan.send({"type": "group_error", "error": f"{type(exc).__name__}: {exc}",
+                            "traceback": tb})
+            reason = self._poisoned(str(exc))
+            if reason is not None:
+                self.chan.send({"type": "poisoned", "reason": reason})
+                os._exit(POISONED_EXIT_CODE)
+        else:
+            self.chan.send({"type": "group_done"})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kassay.worker.executor")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--enable-test-impls", action="store_true")
+    parser.add_argument("--ceilings", default=None, help="JSON of already measured ceilings")
+    parser.add_argument("--worker-id", default=None)
+    args = parser.parse_args(argv)
+    if wants_interpreter(args.device):
+        os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
+    chan = Channel.from_stdio()
+    import faulthandler
+
+    faulthandler.enable()  # a segfault leaves a Python traceback on stderr for the supervisor
+    try:
+        ex = Executor(chan, args.device, testing=args.enable_test_impls,
+                      ceilings=json.loads(args.ceilings) if args.ceilings else None,
+                      worker_id=args.worker_id)
+    except Exception as exc:
+        traceback.print_exc()
+        chan.send({"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})
+        return FATAL_EXIT_CODE
+    chan.send({"type": "ready", "info": ex.info})
+    while True:
+        msg = chan.recv()
+        if msg is None or msg.get("type") == "exit":
+            return 0
+        if msg.get("type") == "run":
+            ex.run(msg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

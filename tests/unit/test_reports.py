@@ -1,0 +1,70 @@
+"""Reports: JSON validates against the published schema, JUnit parses, Markdown summarises."""
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kassay.validate import reports
+from kassay.validate.local import run_job
+from kassay.validate.results import Report
+from kassay.validate.spec import parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = """
+name: rep
+labels: {commit: abc123}
+suites:
+  - op: lse_merge
+    impls: [torch, m_zeros, te_style]
+    params: {T: 8, Hh: 2, D: 4, K: 2, dtype: float16, mode: [merge, step]}
+    timing: {enabled: false}
+"""
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return run_job(parse_spec(SPEC), device="cpu", include_mutants=True, ceilings=False)
+
+
+def test_summary_counts(report: Report) -> None:
+    s = report.summary
+    # torch passes both modes; m_zeros fails merge and is unsupported in step (merge only);
+    # te_style is unsupported in merge and passes step
+    assert (s.total, s.passed, s.failed, s.unsupported) == (6, 3, 1, 2)
+    assert not s.ok
+
+
+def test_json_validates_against_published_schema(report: Report) -> None:
+    schema = json.loads((ROOT / "docs" / "report.schema.json").read_text())
+    assert schema == reports.report_schema(), "docs/report.schema.json is stale"
+    data = json.loads(reports.render(report, "json"))
+    jsonschema.validate(data, schema)
+    assert data["schema_version"] == "kassay.report/v1"
+    assert Report.model_validate(data) == report
+
+
+def test_junit_parses_and_names_cases(report: Report) -> None:
+    root = ET.fromstring(reports.render(report, "junit"))
+    cases = root.findall(".//testcase")
+    assert len(cases) == report.summary.total
+    classnames = {c.get("classname") for c in cases}
+    assert {"lse_merge.torch", "lse_merge.m_zeros", "lse_merge.te_style"} <= classnames
+    failures = root.findall(".//failure")
+    assert failures and "all zeros" in (failures[0].get("message") or "")
+    assert "rel_l2" in (failures[0].text or "")
+    assert root.findall(".//skipped")
+    assert all("mode=" in (c.get("name") or "") for c in cases)
+
+
+def test_markdown_and_html(report: Report) -> None:
+    md = reports.render(report, "markdown")
+    assert md.startswith("## ❌ kassay: rep")
+    assert "| lse_merge | m_zeros | 2 | 0 | 1 |" in md and "### Not passing" in md
+    assert "`commit=abc123`" in md
+    page = reports.render(report, "html")
+    assert page.startswith("<!doctype html>") and "m_zeros" in page
+    with pytest.raises(ValueError, match="known: json, junit"):
+        reports.render(report, "pdf")
