@@ -25,9 +25,8 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from triton.testing import do_bench
-
 from kassay.kernels import flce as kflce
+from triton.testing import do_bench
 
 SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000)]
 SWEEP_N = [1024, 4096, 8192, 16384]
@@ -53,8 +52,8 @@ def reference(x, w, t, chunk=1024):
     gw = torch.zeros_like(wd)
     loss = torch.zeros((), dtype=torch.float64, device=x.device)
     for r0 in range(0, n, chunk):
-        z = xd[r0:r0 + chunk] @ wd.t()
-        tt = t[r0:r0 + chunk]
+        z = xd[r0 : r0 + chunk] @ wd.t()
+        tt = t[r0 : r0 + chunk]
         lse = torch.logsumexp(z, 1)
         vv = tt != -100
         ts = tt.clamp_min(0)
@@ -62,8 +61,8 @@ def reference(x, w, t, chunk=1024):
         p = torch.exp(z - lse[:, None])
         p[torch.arange(len(tt), device=x.device), ts] -= 1
         p *= (vv.double() / nv)[:, None]
-        gx[r0:r0 + chunk] = p @ wd
-        gw += p.t() @ xd[r0:r0 + chunk]
+        gx[r0 : r0 + chunk] = p @ wd
+        gw += p.t() @ xd[r0 : r0 + chunk]
         del z, p
     return loss / nv, gx, gw
 
@@ -126,8 +125,11 @@ def measure(fn, x, w, t, ref=None):
     peak = (torch.cuda.max_memory_allocated() - before) / GiB
     errs = {}
     if ref is not None:
-        errs = {"loss": rel_l2(loss.detach().reshape(()), ref[0]),
-                "grad_input": rel_l2(xr.grad, ref[1]), "grad_weight": rel_l2(wr.grad, ref[2])}
+        errs = {
+            "loss": rel_l2(loss.detach().reshape(()), ref[0]),
+            "grad_input": rel_l2(xr.grad, ref[1]),
+            "grad_weight": rel_l2(wr.grad, ref[2]),
+        }
     del loss
     ms = do_bench(step, warmup=100, rep=800, grad_to_none=[xr, wr], return_mode="median")
     return ms, peak, errs
@@ -151,18 +153,97 @@ def gemm_probe(rows=1664, h=4096, v=128256):
     acc16 = torch.zeros(v, h, device="cuda", dtype=torch.float16)
     one = torch.ones(1, device="cuda")
     default = K.GEMM_CONFIG_GPU
-    for cfg in [(128, 256, 64, 8, 8, 3), (128, 256, 64, 8, 8, 4), (256, 128, 64, 8, 8, 3),
-                (128, 128, 64, 8, 4, 4), (128, 256, 32, 8, 8, 4)]:
+    for cfg in [
+        (128, 256, 64, 8, 8, 3),
+        (128, 256, 64, 8, 8, 4),
+        (256, 128, 64, 8, 8, 3),
+        (128, 128, 64, 8, 4, 4),
+        (128, 256, 32, 8, 8, 4),
+    ]:
         K.GEMM_CONFIG_GPU = cfg
         try:
             res["triton" + str(cfg)] = do_bench(
-                lambda: kflce._launch_gemm_tn(z, xc, acc16, one, True), rep=300)
+                lambda: kflce._launch_gemm_tn(z, xc, acc16, one, True), rep=300
+            )
         except Exception as e:
             res["triton" + str(cfg)] = repr(e)[:200]
     K.GEMM_CONFIG_GPU = default
     flop = 2 * rows * h * v
-    return {k: (val, flop / val / 1e9) if isinstance(val, float) else val
-            for k, val in res.items()}
+    return {k: (val, flop / val / 1e9) if isinstance(val, float) else val for k, val in res.items()}
+
+
+def breakdown(n=8192, h=4096, v=128256):
+    """Time each stage of one default-size chunk (ms), to place the gap to the GEMM floor."""
+    from kassay.kernels import _flce_kernels as K
+
+    x, w, t = make_inputs(n, h, v)
+    rows = kflce.plan_rows(n, v, 2, kflce.DEFAULT_MEMORY_BUDGET_BYTES)
+    xc, tc = x[:rows], t[:rows]
+    z = torch.empty(rows, v, device="cuda", dtype=torch.bfloat16)
+    f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
+    one = torch.ones(1, device="cuda")
+    gx = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
+    acc = torch.zeros(v, h, device="cuda", dtype=torch.float16)
+    torch.mm(xc, w.t(), out=z)
+
+    def ce():
+        kflce._launch_ce(
+            z,
+            tc,
+            *f32,
+            one,
+            False,
+            V=v,
+            ignore_index=-100,
+            label_smoothing=0.0,
+            z_loss_scale=0.0,
+            softcap=None,
+            compute_grad=False,
+        )
+
+    res = {
+        "rows": rows,
+        "logits_gemm": do_bench(lambda: torch.mm(xc, w.t(), out=z), rep=200),
+        "ce_kernel_fwd_only": do_bench(ce, rep=200),
+        "grad_x_gemm": do_bench(lambda: torch.mm(z, w, out=gx), rep=200),
+        "finalize_1x": do_bench(lambda: kflce._launch_finalize(acc, acc, one), rep=200),
+    }
+    z.normal_().mul_(1e-3)
+    res["grad_w_triton"] = do_bench(lambda: kflce._launch_gemm_tn(z, xc, acc, one, True), rep=200)
+    default = K.GEMM_CONFIG_GPU
+    for cfg in [
+        (128, 256, 64, 8, 8, 2),
+        (128, 256, 64, 16, 8, 3),
+        (128, 256, 64, 4, 8, 3),
+        (64, 256, 64, 8, 4, 4),
+        (128, 128, 128, 8, 8, 3),
+    ]:
+        K.GEMM_CONFIG_GPU = cfg
+        try:
+            res["grad_w_triton" + str(cfg)] = do_bench(
+                lambda: kflce._launch_gemm_tn(z, xc, acc, one, True), rep=200
+            )
+        except Exception as e:
+            res["grad_w_triton" + str(cfg)] = repr(e)[:120]
+    K.GEMM_CONFIG_GPU = default
+    # CE kernel with gradient (pass 2 writes dlogits in place)
+    res["ce_kernel_fwd_bwd"] = do_bench(
+        lambda: kflce._launch_ce(
+            z,
+            tc,
+            *f32,
+            one,
+            False,
+            V=v,
+            ignore_index=-100,
+            label_smoothing=0.0,
+            z_loss_scale=0.0,
+            softcap=None,
+            compute_grad=True,
+        ),
+        rep=200,
+    )
+    return res
 
 
 def main():
@@ -170,14 +251,26 @@ def main():
     ap.add_argument("--out", default="flce-bench.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated impls to skip")
+    ap.add_argument("--breakdown", action="store_true", help="only time the stages of a chunk")
     args = ap.parse_args()
+    if args.breakdown:
+        res = breakdown()
+        for k, val in res.items():
+            print(f"{k:>40} {val}")
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+        return
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
     result = {
         "date": datetime.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(),
-        "versions": {"torch": torch.__version__, "triton": triton.__version__,
-                     "cuda": torch.version.cuda, "python": platform.python_version()},
+        "versions": {
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "cuda": torch.version.cuda,
+            "python": platform.python_version(),
+        },
         "command": " ".join(sys.argv),
         "flop_model": "6*N*H*V",
         "inputs": "x~N(0,1), W~N(0,1/H), bf16; 10% of targets = ignore_index; reduction mean",
@@ -210,13 +303,24 @@ def main():
                 fn = kflce.fused_linear_cross_entropy
                 kflce.GW_ACCUMULATION = "cublas"
             elif fn == "1g":
+
                 def fn(x, w, t):
                     return kflce.fused_linear_cross_entropy(x, w, t, memory_budget_bytes=GiB)
+
             try:
                 ms, peak, errs = measure(fn, x, w, t, ref)
                 tf = 6 * n * h * v / ms / 1e9
-                row = {"N": n, "H": h, "V": v, "impl": name, "ms": ms, "tflops": tf,
-                       "frac_ceiling": tf / ceil, "peak_extra_gib": peak, "rel_l2": errs}
+                row = {
+                    "N": n,
+                    "H": h,
+                    "V": v,
+                    "impl": name,
+                    "ms": ms,
+                    "tflops": tf,
+                    "frac_ceiling": tf / ceil,
+                    "peak_extra_gib": peak,
+                    "rel_l2": errs,
+                }
             except Exception as e:
                 row = {"N": n, "H": h, "V": v, "impl": name, "error": repr(e)[:300]}
             kflce.GW_ACCUMULATION = "auto"
@@ -233,10 +337,17 @@ def main():
             x, w, t = make_inputs(n, 4096, 128256, seed=1)
             ms, peak, _ = measure(kflce.fused_linear_cross_entropy, x, w, t)
             tf = 6 * n * 4096 * 128256 / ms / 1e9
-            row = {"N": n, "H": 4096, "V": 128256, "impl": "kassay", "ms": ms, "tflops": tf,
-                   "frac_ceiling": tf / ceil, "peak_extra_gib": peak,
-                   "rows_per_chunk": kflce.plan_rows(n, 128256, 2,
-                                                     kflce.DEFAULT_MEMORY_BUDGET_BYTES)}
+            row = {
+                "N": n,
+                "H": 4096,
+                "V": 128256,
+                "impl": "kassay",
+                "ms": ms,
+                "tflops": tf,
+                "frac_ceiling": tf / ceil,
+                "peak_extra_gib": peak,
+                "rows_per_chunk": kflce.plan_rows(n, 128256, 2, kflce.DEFAULT_MEMORY_BUDGET_BYTES),
+            }
             print(json.dumps(row), flush=True)
             sweep.append(row)
             del x, w, t
@@ -246,17 +357,21 @@ def main():
     result["wall_s"] = time.time() - t_start
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
-    print(f"\n{'N,H,V':>20} {'impl':>26} {'ms':>8} {'TFLOP/s':>8} {'frac':>6} {'GiB':>6} "
-          f"{'loss':>9} {'gx':>9} {'gw':>9}")
+    print(
+        f"\n{'N,H,V':>20} {'impl':>26} {'ms':>8} {'TFLOP/s':>8} {'frac':>6} {'GiB':>6} "
+        f"{'loss':>9} {'gx':>9} {'gw':>9}"
+    )
     for r in rows + sweep:
         if "error" in r:
             print(f"{r['N']},{r['H']},{r['V']:>8} {r['impl']:>26} ERROR {r['error'][:80]}")
             continue
         e = r.get("rel_l2", {})
-        print(f"{r['N']},{r['H']},{r['V']:>8} {r['impl']:>26} {r['ms']:8.2f} {r['tflops']:8.0f} "
-              f"{r['frac_ceiling']:6.3f} {r['peak_extra_gib']:6.2f} "
-              f"{e.get('loss', float('nan')):9.2e} {e.get('grad_input', float('nan')):9.2e} "
-              f"{e.get('grad_weight', float('nan')):9.2e}")
+        print(
+            f"{r['N']},{r['H']},{r['V']:>8} {r['impl']:>26} {r['ms']:8.2f} {r['tflops']:8.0f} "
+            f"{r['frac_ceiling']:6.3f} {r['peak_extra_gib']:6.2f} "
+            f"{e.get('loss', float('nan')):9.2e} {e.get('grad_input', float('nan')):9.2e} "
+            f"{e.get('grad_weight', float('nan')):9.2e}"
+        )
 
 
 if __name__ == "__main__":

@@ -49,7 +49,6 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
 from kassay.kernels import lse_merge as km  # noqa: E402
 
 NEG_INF = float("-inf")
@@ -295,7 +294,6 @@ def copy_ceiling_tbps(nbytes: int) -> float:
     x = torch.randn(nbytes // 4, device=DEV)
     y = torch.empty_like(x)
     ms = bench(lambda: y.copy_(x), rep=100)
-    del x, y
     return 2 * nbytes / (ms * 1e-3) / 1e12
 
 
@@ -368,7 +366,6 @@ def run_kway(res: Results, shape: dict[str, int], k: int, regime: str, layout: s
         if graph and CUDA:
             gms = bench(fn, graph=True)
             res.add({**case, "impl": name + "[graph]", "ms": gms, "graph": True})
-    del outs, lses, ref_o, ref_l
 
 
 def run_step(res: Results, shape: dict[str, int], regime: str, layout: str, half: bool,
@@ -452,7 +449,6 @@ def run_step(res: Results, shape: dict[str, int], regime: str, layout: str, half
             gms = bench(lambda name=name: call(name), graph=True)
             res.add({**case, "impl": name + "[graph]", "ms": gms, "graph": True})
         state.clear()
-    del outs, lses, ref_o, ref_l
 
 
 def run_sweep(res: Results, shape: dict[str, int], configs: list[km.LaunchConfig]) -> None:
@@ -467,27 +463,26 @@ def run_sweep(res: Results, shape: dict[str, int], configs: list[km.LaunchConfig
                 out, lse = km.merge_states(outs, lses, _config=cfg)
                 err = errors(out, lse, ref_o, ref_l)
                 del out, lse
-                ms = bench(lambda cfg=cfg: km.merge_states(outs, lses, _config=cfg))
+                ms = bench(lambda c=cfg, o=outs, l_=lses: km.merge_states(o, l_, _config=c))
                 row = {"mode": "kway", "K": k, "regime": regime, "cfg": cfg.__dict__, "ms": ms,
                        "tbps": nb / ms / 1e9, **err}  # fmt: skip
                 res.sweep.append(row)
                 print(f"  sweep kway K={k} {regime:<10} {cfg} {ms * 1e3:8.1f} us "
                       f"{row['tbps']:.3f} TB/s err={err['rel_l2_out']:.2e}", flush=True)  # fmt: skip
-            del outs, lses, ref_o, ref_l
         # the in-place step
         outs, lses = make_states(2, t, hh, d, "hT", regime, 2)
         nb = nominal_bytes(2, t, hh, d)
         for cfg in configs:
             o, l_ = outs[0].clone(), lses[0].clone()
+            po, pl = outs[1], lses[1]
             ms = bench(
-                lambda cfg=cfg, o=o, l_=l_: km.merge_state_(o, l_, outs[1], lses[1], _config=cfg)
+                lambda c=cfg, o=o, l_=l_, po=po, pl=pl: km.merge_state_(o, l_, po, pl, _config=c)
             )
             row = {"mode": "step", "K": 2, "regime": regime, "cfg": cfg.__dict__, "ms": ms,
                    "tbps": nb / ms / 1e9}  # fmt: skip
             res.sweep.append(row)
             print(f"  sweep step     {regime:<10} {cfg} {ms * 1e3:8.1f} us "
                   f"{row['tbps']:.3f} TB/s", flush=True)  # fmt: skip
-        del outs, lses
 
 
 def env_meta(argv: list[str]) -> dict[str, Any]:

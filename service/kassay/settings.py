@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="auto | cpu | cuda | cuda:N")
     case_timeout_s: float = Field(300.0, gt=0)
     executor_start_timeout_s: float = Field(120.0, gt=0)
+    worker_id: str | None = Field(None, description="name in results; default host:port")
+    worker_shutdown_grace_s: float = Field(
+        30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
+    )
 
     # --- api ---
     database_url: str = "sqlite:///.kassay/kassay.db"

@@ -38,24 +38,50 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _groups() -> list[GroupSpec]:
-    spec = parse_spec({
-        "name": "rt",
-        "suites": [
-            {"op": "flce", "impls": ["torch", "torch_compile"],
-             "params": {"N": 4, "H": 8, "V": 16, "softcap": [None, 30.0], "bias": [False, True],
-                        "reduction": "none", "ignore_fraction": 0.25, "z_loss_scale": 1e-4,
-                        "return_z_loss": True, "dtype": "float32",
-                        "autocast": ["none", "bfloat16"]},
-             "regimes": ["normal", "all_ignored"], "seeds": [0, 2**40],
-             "tolerance": {"policy": "absolute", "atol": 1e-3, "rtol": None},
-             "timing": {"enabled": False, "warmup": 0, "budget_s": 0.5}},
-            {"op": "lse_merge", "impls": ["torch"], "baseline": "torch",
-             "params": {"T": 8, "Hh": 2, "D": 4, "K": [2, 5], "dtype": "float16",
-                        "lse_layout": ["hT", "Th"], "mode": "step_second_half",
-                        "accumulate": "out"},
-             "regimes": ["huge", "fa2_inf"]},
-        ],
-    })
+    spec = parse_spec(
+        {
+            "name": "rt",
+            "suites": [
+                {
+                    "op": "flce",
+                    "impls": ["torch", "torch_compile"],
+                    "params": {
+                        "N": 4,
+                        "H": 8,
+                        "V": 16,
+                        "softcap": [None, 30.0],
+                        "bias": [False, True],
+                        "reduction": "none",
+                        "ignore_fraction": 0.25,
+                        "z_loss_scale": 1e-4,
+                        "return_z_loss": True,
+                        "dtype": "float32",
+                        "autocast": ["none", "bfloat16"],
+                    },
+                    "regimes": ["normal", "all_ignored"],
+                    "seeds": [0, 2**40],
+                    "tolerance": {"policy": "absolute", "atol": 1e-3, "rtol": None},
+                    "timing": {"enabled": False, "warmup": 0, "budget_s": 0.5},
+                },
+                {
+                    "op": "lse_merge",
+                    "impls": ["torch"],
+                    "baseline": "torch",
+                    "params": {
+                        "T": 8,
+                        "Hh": 2,
+                        "D": 4,
+                        "K": [2, 5],
+                        "dtype": "float16",
+                        "lse_layout": ["hT", "Th"],
+                        "mode": "step_second_half",
+                        "accumulate": "out",
+                    },
+                    "regimes": ["huge", "fa2_inf"],
+                },
+            ],
+        }
+    )
     return expand(spec)
 
 
@@ -79,8 +105,9 @@ def test_softcap_none_is_absent_on_the_wire() -> None:
 
 
 def test_absent_fields_take_the_pydantic_defaults() -> None:
-    msg = pb.GroupSpec(group_id="g", op="lse_merge", impls=["torch"],
-                       lse_merge=pb.LseMergeParams(T=8, Hh=2, D=4))
+    msg = pb.GroupSpec(
+        group_id="g", op="lse_merge", impls=["torch"], lse_merge=pb.LseMergeParams(T=8, Hh=2, D=4)
+    )
     g = convert.group_from_proto(msg)
     assert g.params == LseMergeParams(T=8, Hh=2, D=4).model_dump()
     assert g.regime == "normal" and g.baseline == "torch"
@@ -104,8 +131,9 @@ def test_absent_fields_take_the_pydantic_defaults() -> None:
     ],
 )
 def test_invalid_groups_name_the_field(mutate: Any, loc: list[Any]) -> None:
-    msg = pb.GroupSpec(group_id="g", op="lse_merge", impls=["torch"],
-                       lse_merge=pb.LseMergeParams(T=8, Hh=2, D=4))
+    msg = pb.GroupSpec(
+        group_id="g", op="lse_merge", impls=["torch"], lse_merge=pb.LseMergeParams(T=8, Hh=2, D=4)
+    )
     mutate(msg)
     with pytest.raises(InvalidSpecError) as err:
         convert.groups_from_proto([msg])
@@ -123,49 +151,118 @@ def test_params_with_unknown_keys_or_ops_are_refused() -> None:
 
 def _result(**kw: Any) -> CaseResult:
     g = _groups()[0]
-    env = Environment(device="cuda:0", device_name="NVIDIA H200", driver="580.1", cuda="13.0",
-                      torch="2.11.0", triton="3.6.0", kassay="0.1.0", python="3.11.7",
-                      hostname="gpu1", clocks={"clocks.sm": "1980 MHz"},
-                      ceilings={"matmul_tflops": 795.0, "copy_gbps": 4240.0},
-                      gpu_uuid="GPU-1234", numa={"node": 1, "cpus": [0, 1]})
+    env = Environment(
+        device="cuda:0",
+        device_name="NVIDIA H200",
+        driver="580.1",
+        cuda="13.0",
+        torch="2.11.0",
+        triton="3.6.0",
+        kassay="0.1.0",
+        python="3.11.7",
+        hostname="gpu1",
+        clocks={"clocks.sm": "1980 MHz"},
+        ceilings={"matmul_tflops": 795.0, "copy_gbps": 4240.0},
+        gpu_uuid="GPU-1234",
+        numa={"node": 1, "cpus": [0, 1]},
+    )
     base: dict[str, Any] = dict(
-        case_id=f"{g.group_id}:torch_compile", group_id=g.group_id, suite_index=0, op="flce",
-        impl="torch_compile", params=g.params, regime=g.regime, seed=g.seed, dtype="float32",
-        status="failed", message="grad_weight: rel_l2 above threshold",
+        case_id=f"{g.group_id}:torch_compile",
+        group_id=g.group_id,
+        suite_index=0,
+        op="flce",
+        impl="torch_compile",
+        params=g.params,
+        regime=g.regime,
+        seed=g.seed,
+        dtype="float32",
+        status="failed",
+        message="grad_weight: rel_l2 above threshold",
         outputs=[
-            OutputMetrics(name="loss", dtype="float32", expected_dtype="float32", shape=[],
-                          max_abs=1e-7, max_rel=2e-7, rel_l2=1e-7, max_ulp=1.0, nan=0, inf=0,
-                          ref_nan=0, ref_inf=0, policy="absolute", threshold_max_abs=1e-3,
-                          passed=True),
-            OutputMetrics(name="grad_weight", dtype="-", expected_dtype="float32",
-                          shape=[16, 8], max_abs=float("nan"), max_rel=float("inf"),
-                          rel_l2=float("-inf"), max_ulp=float("nan"), nan=3, inf=2**40,
-                          ref_nan=0, ref_inf=1, n_bad=12,
-                          worst=[WorstEntry(index=[3, 4], value=float("nan"), reference=0.5,
-                                            abs_err=float("nan")),
-                                 WorstEntry(index=[0, 0], value=1.0, reference=-1.0,
-                                            abs_err=2.0)],
-                          baseline_max_abs=0.0, baseline_rel_l2=1e-300, passed=False,
-                          reason="NaN where the reference is finite"),
+            OutputMetrics(
+                name="loss",
+                dtype="float32",
+                expected_dtype="float32",
+                shape=[],
+                max_abs=1e-7,
+                max_rel=2e-7,
+                rel_l2=1e-7,
+                max_ulp=1.0,
+                nan=0,
+                inf=0,
+                ref_nan=0,
+                ref_inf=0,
+                policy="absolute",
+                threshold_max_abs=1e-3,
+                passed=True,
+            ),
+            OutputMetrics(
+                name="grad_weight",
+                dtype="-",
+                expected_dtype="float32",
+                shape=[16, 8],
+                max_abs=float("nan"),
+                max_rel=float("inf"),
+                rel_l2=float("-inf"),
+                max_ulp=float("nan"),
+                nan=3,
+                inf=2**40,
+                ref_nan=0,
+                ref_inf=1,
+                n_bad=12,
+                worst=[
+                    WorstEntry(
+                        index=[3, 4], value=float("nan"), reference=0.5, abs_err=float("nan")
+                    ),
+                    WorstEntry(index=[0, 0], value=1.0, reference=-1.0, abs_err=2.0),
+                ],
+                baseline_max_abs=0.0,
+                baseline_rel_l2=1e-300,
+                passed=False,
+                reason="NaN where the reference is finite",
+            ),
         ],
-        timing=TimingStats(clock="cuda_events", n=40, median_ms=1.5, mean_ms=1.6, std_ms=0.1,
-                           p10_ms=1.4, p90_ms=1.8, rel_sem=0.004, l2_flushed=True, tflops=700.0,
-                           gbps=None, roofline_fraction=0.9, speedup_vs_baseline=1.3),
-        memory=MemoryStats(measured=True, peak_extra_bytes=2**33, model_bytes=2**30,
-                           ratio_to_model=8.0, note="n"),
-        duration_s=3.25, worker="w1", device="cuda:0", environment=env,
+        timing=TimingStats(
+            clock="cuda_events",
+            n=40,
+            median_ms=1.5,
+            mean_ms=1.6,
+            std_ms=0.1,
+            p10_ms=1.4,
+            p90_ms=1.8,
+            rel_sem=0.004,
+            l2_flushed=True,
+            tflops=700.0,
+            gbps=None,
+            roofline_fraction=0.9,
+            speedup_vs_baseline=1.3,
+        ),
+        memory=MemoryStats(
+            measured=True, peak_extra_bytes=2**33, model_bytes=2**30, ratio_to_model=8.0, note="n"
+        ),
+        duration_s=3.25,
+        worker="w1",
+        device="cuda:0",
+        environment=env,
     )
     base.update(kw)
     return CaseResult(**base)
 
 
-@pytest.mark.parametrize("variant", [
-    {},
-    {"timing": None, "memory": None, "environment": None, "worker": None, "device": None},
-    {"status": "crashed", "message": "executor died: signal SIGSEGV", "outputs": []},
-    {"status": "unsupported", "op": "lse_merge", "params": LseMergeParams(T=3, Hh=1, D=2)
-     .model_dump(), "dtype": "bfloat16"},
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {},
+        {"timing": None, "memory": None, "environment": None, "worker": None, "device": None},
+        {"status": "crashed", "message": "executor died: signal SIGSEGV", "outputs": []},
+        {
+            "status": "unsupported",
+            "op": "lse_merge",
+            "params": LseMergeParams(T=3, Hh=1, D=2).model_dump(),
+            "dtype": "bfloat16",
+        },
+    ],
+)
 def test_result_round_trip_is_lossless(variant: dict[str, Any]) -> None:
     r = _result(**variant)
     wire = pb.CaseResult.FromString(convert.result_to_proto(r).SerializeToString())
@@ -186,19 +283,22 @@ def _pydantic_fields(model: Any) -> set[str]:
     return set(model.model_fields)
 
 
-@pytest.mark.parametrize(("model", "message", "skip"), [
-    (FlceParams, pb.FlceParams, set()),
-    (LseMergeParams, pb.LseMergeParams, set()),
-    (TolerancePolicy, pb.TolerancePolicy, set()),
-    (TimingPolicy, pb.TimingPolicy, set()),
-    (GroupSpec, pb.GroupSpec, {"flce", "lse_merge"}),
-    (WorstEntry, pb.WorstEntry, set()),
-    (OutputMetrics, pb.OutputMetrics, set()),
-    (TimingStats, pb.TimingStats, set()),
-    (MemoryStats, pb.MemoryStats, set()),
-    (Environment, pb.Environment, {"extra"}),
-    (CaseResult, pb.CaseResult, {"flce", "lse_merge"}),
-])
+@pytest.mark.parametrize(
+    ("model", "message", "skip"),
+    [
+        (FlceParams, pb.FlceParams, set()),
+        (LseMergeParams, pb.LseMergeParams, set()),
+        (TolerancePolicy, pb.TolerancePolicy, set()),
+        (TimingPolicy, pb.TimingPolicy, set()),
+        (GroupSpec, pb.GroupSpec, {"flce", "lse_merge"}),
+        (WorstEntry, pb.WorstEntry, set()),
+        (OutputMetrics, pb.OutputMetrics, set()),
+        (TimingStats, pb.TimingStats, set()),
+        (MemoryStats, pb.MemoryStats, set()),
+        (Environment, pb.Environment, {"extra"}),
+        (CaseResult, pb.CaseResult, {"flce", "lse_merge"}),
+    ],
+)
 def test_messages_mirror_the_models(model: Any, message: Any, skip: set[str]) -> None:
     proto_fields = set(message.DESCRIPTOR.fields_by_name) - skip
     # params travel in the `params` oneof, one case per op

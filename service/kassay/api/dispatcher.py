@@ -176,7 +176,9 @@ class Dispatcher:
         link.device = resp.device
         link.device_name = resp.device_name
         link.memory_bytes = int(resp.memory_total_bytes) or None
-        link.ops = {op.name: [i.name for i in op.impls] for op in resp.ops}
+        mutants = self.settings.enable_mutants
+        link.ops = {op.name: [i.name for i in op.impls if mutants or i.kind != "mutant"]
+                    for op in resp.ops}
         if resp.HasField("environment"):
             from kassay.worker.convert import environment_from_proto
 
@@ -238,7 +240,8 @@ class Dispatcher:
                     event = await asyncio.wait_for(call.read(), self.settings.stall_s)
                 except asyncio.TimeoutError:
                     call.cancel()
-                    raise WorkerLost(f"no word from the worker for {self.settings.stall_s:g} s")
+                    raise WorkerLost(
+                        f"no word from the worker for {self.settings.stall_s:g} s") from None
                 if event is _eof():
                     outcome = "done"
                     break

@@ -178,7 +178,7 @@ class Store:
                          "spec": g.model_dump(mode="json"), "state": "pending", "attempts": 0}
                         for gi, g in enumerate(group_specs)
                     ])
-                    rows = []
+                    rows: list[dict[str, Any]] = []
                     for g in group_specs:
                         for impl in g.impls:
                             rows.append({

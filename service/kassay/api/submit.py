@@ -50,8 +50,14 @@ def parse_body(body: bytes, content_type: str | None) -> JobSpec:
 
 def _check_impls(spec: JobSpec, workers: WorkerCatalog, settings: Settings) -> None:
     from kassay.impls import get_impl
+    from kassay.ops import get_op
 
     for si, suite in enumerate(spec.suites):
+        try:
+            get_op(suite.op)
+        except InvalidSpecError as exc:
+            exc.details["loc"] = ["suites", si, "op"]
+            raise
         offered = workers.impls_for(suite.op)
         for name in [*suite.impls, suite.baseline]:
             if offered is None:  # no worker described yet: judge by the local registry
@@ -87,6 +93,14 @@ def _estimates(group_specs: list[GroupSpec]) -> tuple[dict[str, str], int, Group
     return dtypes, worst, worst_group
 
 
+def warm_up(settings: Settings) -> None:
+    """Import the op and impl registries now (torch and all) so that the first submission is
+    as fast as the next."""
+    from kassay.impls import load
+
+    load(mutants=settings.enable_mutants, testing=True)
+
+
 def admit(
     body: bytes,
     content_type: str | None,
@@ -103,9 +117,9 @@ def admit(
         existing = store.find_by_key(idempotency_key, spec_hash)
         if existing is not None:
             return Admitted(existing, False)
+    _check_impls(spec, workers, settings)
     group_specs = expand(spec, max_cases=settings.max_cases,
                          include_mutants=settings.enable_mutants, include_testing=True)
-    _check_impls(spec, workers, settings)
     dtypes, need, worst = _estimates(group_specs)
     capacity = workers.max_memory()
     if capacity is not None and worst is not None and need > capacity:

@@ -112,7 +112,7 @@ def _ce_rows_kernel(
             offs = v0 + cols
             mask = offs < V
             z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:
+            if HAS_SOFTCAP:  # noqa: SIM108 (constexpr branch in Triton code)
                 zc = softcap * _tanh(z / softcap)
             else:
                 zc = z

@@ -90,8 +90,8 @@ def _merge_states_kernel(
 
     lse_rows = lses_ptr + pid_b * s_lb + s * s_ls + h * s_lh
     in_rows = outs_ptr + pid_b * s_ib + s * s_is + h * s_ih
-    s_lk64 = s_lk.to(tl.int64)
-    s_ik64 = s_ik.to(tl.int64)
+    s_lk64 = tl.cast(s_lk, tl.int64)  # tl.cast: the arg may be specialised to a constexpr 1
+    s_ik64 = tl.cast(s_ik, tl.int64)
 
     # Pass 1: the row maximum over the K states (empty states are -inf).
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)

@@ -99,8 +99,22 @@ def _on_cpu_backend(t: torch.Tensor) -> bool:
     return t.device.type != "cuda"
 
 
-def _launch_ce(z, tgt, loss, zloss, lse, scale, per_row_scale, *, V, ignore_index,
-               label_smoothing, z_loss_scale, softcap, compute_grad):
+def _launch_ce(
+    z,
+    tgt,
+    loss,
+    zloss,
+    lse,
+    scale,
+    per_row_scale,
+    *,
+    V,
+    ignore_index,
+    label_smoothing,
+    z_loss_scale,
+    softcap,
+    compute_grad,
+):
     n = z.shape[0]
     if n == 0:
         return
@@ -109,10 +123,22 @@ def _launch_ce(z, tgt, loss, zloss, lse, scale, per_row_scale, *, V, ignore_inde
     block_v = min(block_v, triton.next_power_of_2(V))
     num_warps = 4 if interp else (K.CE_NUM_WARPS_GPU if block_v >= 2048 else 4)
     K._ce_rows_kernel[(n,)](
-        z, z.stride(0), tgt, loss, zloss, lse, scale, 1 if per_row_scale else 0,
-        V, ignore_index, float(label_smoothing), float(z_loss_scale),
+        z,
+        z.stride(0),
+        tgt,
+        loss,
+        zloss,
+        lse,
+        scale,
+        1 if per_row_scale else 0,
+        V,
+        ignore_index,
+        float(label_smoothing),
+        float(z_loss_scale),
         float(softcap) if softcap is not None else 1.0,
-        HAS_SOFTCAP=softcap is not None, COMPUTE_GRAD=compute_grad, BLOCK_V=block_v,
+        HAS_SOFTCAP=softcap is not None,
+        COMPUTE_GRAD=compute_grad,
+        BLOCK_V=block_v,
         num_warps=num_warps,
     )
 
@@ -125,10 +151,27 @@ def _launch_gemm_tn(a, b, c, scale, accumulate):
     bm, bn, bk, gm, warps, stages = K.GEMM_CONFIG_INTERP if interp else K.GEMM_CONFIG_GPU
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     K._gemm_tn_acc_kernel[grid](
-        a, b, c, scale, m, n, k_dim,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-        ACCUMULATE=accumulate, IEEE=a.dtype == torch.float32,
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, num_warps=warps, num_stages=stages,
+        a,
+        b,
+        c,
+        scale,
+        m,
+        n,
+        k_dim,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        c.stride(0),
+        c.stride(1),
+        ACCUMULATE=accumulate,
+        IEEE=a.dtype == torch.float32,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=gm,
+        num_warps=warps,
+        num_stages=stages,
     )
 
 
@@ -136,8 +179,9 @@ def _launch_finalize(c, out, factor):
     n = c.numel()
     interp = _INTERPRET or _on_cpu_backend(c)
     block = K.FIN_BLOCK_INTERP if interp else K.FIN_BLOCK_GPU
-    K._finalize_kernel[(triton.cdiv(n, block),)](c, out, n, factor, BLOCK=block,
-                                                  num_warps=4 if interp else 8)
+    K._finalize_kernel[(triton.cdiv(n, block),)](
+        c, out, n, factor, BLOCK=block, num_warps=4 if interp else 8
+    )
 
 
 class _GradW:
@@ -162,8 +206,11 @@ class _GradW:
         f = self.inv_scale if factor is None else self.inv_scale * factor.float()
         acc = self.acc
         if self.mode == "f16s":
-            out = acc.view(out_dtype) if out_dtype.itemsize == 2 else torch.empty(
-                acc.shape, dtype=out_dtype, device=acc.device)
+            out = (
+                acc.view(out_dtype)
+                if out_dtype.itemsize == 2
+                else torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
+            )
             _launch_finalize(acc, out, f.reshape(1).contiguous())
             return out
         if acc.dtype == out_dtype:
@@ -215,10 +262,12 @@ def _flce_pass(
         elif w_out_dtype == cdt and GW_ACCUMULATION == "cublas":
             gw = _GradW("cublas", torch.empty((v, h), dtype=cdt, device=dev), one)
         elif w_out_dtype == torch.bfloat16 and cdt == torch.bfloat16:
-            s = _f16_accumulator_scale(x, w, b, target, ignore_index, z_loss_scale, softcap,
-                                       row_scale, per_row_scale)
-            gw = _GradW("f16s", torch.empty((v, h), dtype=torch.float16, device=dev),
-                        s.reshape(1).float())
+            s = _f16_accumulator_scale(
+                x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale, per_row_scale
+            )
+            gw = _GradW(
+                "f16s", torch.empty((v, h), dtype=torch.float16, device=dev), s.reshape(1).float()
+            )
         else:
             gw = _GradW("f32", torch.empty((v, h), dtype=torch.float32, device=dev), one)
 
@@ -234,10 +283,19 @@ def _flce_pass(
             else:
                 torch.mm(xc, wt, out=z)
             _launch_ce(
-                z, target[r0:r1], loss_rows[r0:r1], zloss_rows[r0:r1], lse_rows[r0:r1],
-                row_scale[r0:r1] if per_row_scale else row_scale, per_row_scale, V=v,
-                ignore_index=ignore_index, label_smoothing=label_smoothing,
-                z_loss_scale=z_loss_scale, softcap=softcap, compute_grad=compute_grad,
+                z,
+                target[r0:r1],
+                loss_rows[r0:r1],
+                zloss_rows[r0:r1],
+                lse_rows[r0:r1],
+                row_scale[r0:r1] if per_row_scale else row_scale,
+                per_row_scale,
+                V=v,
+                ignore_index=ignore_index,
+                label_smoothing=label_smoothing,
+                z_loss_scale=z_loss_scale,
+                softcap=softcap,
+                compute_grad=compute_grad,
             )
             if not compute_grad:
                 continue
@@ -261,8 +319,9 @@ def _accumulate_gw(gw: _GradW, z: torch.Tensor, xc: torch.Tensor, first: bool) -
         _launch_gemm_tn(z, xc, gw.acc, gw.scale, accumulate=not first)
 
 
-def _f16_accumulator_scale(x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale,
-                           per_row_scale) -> torch.Tensor:
+def _f16_accumulator_scale(
+    x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale, per_row_scale
+) -> torch.Tensor:
     """Power of two s with s·|grad_W| ≤ 2^15 guaranteed (float16 max is 65504), on device.
 
     |grad_W[v,h]| ≤ max|x| · Σ_n |g_n| · max_v |dlogits_nv / g_n|, and |dL/dz| ≤ 1 + 2·zls·|lse|
@@ -301,8 +360,21 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
 
 class _FLCEFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x, weight, target, bias, ignore_index, label_smoothing, reduction,
-                softcap, z_loss_scale, compute_dtype, budget, grad_enabled):
+    def forward(
+        ctx: Any,
+        x,
+        weight,
+        target,
+        bias,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        softcap,
+        z_loss_scale,
+        compute_dtype,
+        budget,
+        grad_enabled,
+    ):
         dev_type = x.device.type
         with torch.autocast(dev_type, enabled=False):
             # Under autocast the logits GEMM runs in the autocast dtype (like F.linear would) and
@@ -313,7 +385,6 @@ class _FLCEFunction(torch.autograd.Function):
             wc = weight.to(compute_dtype).contiguous()
             bc = bias.to(compute_dtype).contiguous() if bias is not None else None
             tgt = target.reshape(-1).contiguous()
-            n = xc.shape[0]
             valid = tgt != ignore_index
             n_valid = valid.sum().to(torch.float32)
             need_gx = grad_enabled and ctx.needs_input_grad[0]
@@ -324,12 +395,26 @@ class _FLCEFunction(torch.autograd.Function):
                 scale = (1.0 / n_valid.clamp_min(1.0)).reshape(1)
             else:
                 scale = torch.ones(1, dtype=torch.float32, device=xc.device)
-            common = dict(ignore_index=ignore_index, label_smoothing=label_smoothing,
-                          z_loss_scale=z_loss_scale, softcap=softcap, budget=budget)
+            common = dict(
+                ignore_index=ignore_index,
+                label_smoothing=label_smoothing,
+                z_loss_scale=z_loss_scale,
+                softcap=softcap,
+                budget=budget,
+            )
             loss_rows, zl_rows, _lse, gx, gw, gb = _flce_pass(
-                xc, wc, bc, tgt, row_scale=scale, per_row_scale=False,
-                need_gx=need_gx and not defer, need_gw=need_gw and not defer,
-                need_gb=need_gb and not defer, w_out_dtype=weight.dtype, **common)
+                xc,
+                wc,
+                bc,
+                tgt,
+                row_scale=scale,
+                per_row_scale=False,
+                need_gx=need_gx and not defer,
+                need_gw=need_gw and not defer,
+                need_gb=need_gb and not defer,
+                w_out_dtype=weight.dtype,
+                **common,
+            )
             if reduction == "none":
                 loss, zl = loss_rows, zl_rows
             elif reduction == "sum":
@@ -358,8 +443,18 @@ class _FLCEFunction(torch.autograd.Function):
             with torch.autocast(xc.device.type, enabled=False):
                 go = grad_loss.reshape(-1).float().contiguous()
                 _l, _z, _s, gx, gw, gb = _flce_pass(
-                    xc, wc, bc, tgt, row_scale=go, per_row_scale=True, need_gx=need_gx,
-                    need_gw=need_gw, need_gb=need_gb, w_out_dtype=w_dt, **ctx.common)
+                    xc,
+                    wc,
+                    bc,
+                    tgt,
+                    row_scale=go,
+                    per_row_scale=True,
+                    need_gx=need_gx,
+                    need_gw=need_gw,
+                    need_gb=need_gb,
+                    w_out_dtype=w_dt,
+                    **ctx.common,
+                )
             factor = None
         else:
             gx, gw, gb = ctx.saved
@@ -376,8 +471,18 @@ class _FLCEFunction(torch.autograd.Function):
         return grad_x, grad_w, None, grad_b, None, None, None, None, None, None, None, None
 
 
-def _check_inputs(x, weight, target, bias, ignore_index, label_smoothing, reduction, softcap,
-                  z_loss_scale, memory_budget_bytes):
+def _check_inputs(
+    x,
+    weight,
+    target,
+    bias,
+    ignore_index,
+    label_smoothing,
+    reduction,
+    softcap,
+    z_loss_scale,
+    memory_budget_bytes,
+):
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise ValueError("x and weight must be torch.Tensor")
     if x.dim() != 2:
@@ -418,8 +523,9 @@ def _check_inputs(x, weight, target, bias, ignore_index, label_smoothing, reduct
     v = weight.shape[0]
     bad = ((target < 0) & (target != ignore_index)) | (target >= v)
     if bool(bad.any()):
-        raise ValueError(f"target holds class indices outside [0, V={v}) other than "
-                         f"ignore_index={ignore_index}")
+        raise ValueError(
+            f"target holds class indices outside [0, V={v}) other than ignore_index={ignore_index}"
+        )
 
 
 def fused_linear_cross_entropy(
@@ -476,24 +582,51 @@ def fused_linear_cross_entropy(
     chunk stays 16-bit, and gradients come back in the parameters' dtypes (grad_weight is then
     accumulated in float32 directly).
     """
-    _check_inputs(x, weight, target, bias, ignore_index, label_smoothing, reduction, softcap,
-                  z_loss_scale, memory_budget_bytes)
+    _check_inputs(
+        x,
+        weight,
+        target,
+        bias,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        softcap,
+        z_loss_scale,
+        memory_budget_bytes,
+    )
     compute_dtype = _autocast_dtype(x.device.type)
     if compute_dtype is None:
         compute_dtype = x.dtype
         if weight.dtype != x.dtype or (bias is not None and bias.dtype != x.dtype):
-            raise ValueError(f"x, weight and bias must share a dtype outside autocast, got "
-                             f"{x.dtype}, {weight.dtype}, {None if bias is None else bias.dtype}")
+            raise ValueError(
+                f"x, weight and bias must share a dtype outside autocast, got "
+                f"{x.dtype}, {weight.dtype}, {None if bias is None else bias.dtype}"
+            )
     elif x.dtype not in (torch.float32, compute_dtype) or weight.dtype not in (
-            torch.float32, compute_dtype):
-        raise ValueError(f"under autocast({compute_dtype}) x/weight must be float32 or "
-                         f"{compute_dtype}, got {x.dtype}/{weight.dtype}")
-    budget = DEFAULT_MEMORY_BUDGET_BYTES if memory_budget_bytes is None else int(
-        memory_budget_bytes)
+        torch.float32,
+        compute_dtype,
+    ):
+        raise ValueError(
+            f"under autocast({compute_dtype}) x/weight must be float32 or "
+            f"{compute_dtype}, got {x.dtype}/{weight.dtype}"
+        )
+    budget = (
+        DEFAULT_MEMORY_BUDGET_BYTES if memory_budget_bytes is None else int(memory_budget_bytes)
+    )
     loss, zl = _FLCEFunction.apply(
-        x, weight, target.long(), bias, int(ignore_index), float(label_smoothing), reduction,
-        None if softcap is None else float(softcap), float(z_loss_scale), compute_dtype, budget,
-        torch.is_grad_enabled())
+        x,
+        weight,
+        target.long(),
+        bias,
+        int(ignore_index),
+        float(label_smoothing),
+        reduction,
+        None if softcap is None else float(softcap),
+        float(z_loss_scale),
+        compute_dtype,
+        budget,
+        torch.is_grad_enabled(),
+    )
     return (loss, zl) if return_z_loss else loss
 
 
@@ -504,10 +637,17 @@ class FusedLinearCrossEntropyLoss(nn.Module):
     (loss, z_loss) when return_z_loss.
     """
 
-    def __init__(self, *, ignore_index: int = -100, label_smoothing: float = 0.0,
-                 reduction: str = "mean", softcap: float | None = None,
-                 z_loss_scale: float = 0.0, return_z_loss: bool = False,
-                 memory_budget_bytes: int | None = None):
+    def __init__(
+        self,
+        *,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        softcap: float | None = None,
+        z_loss_scale: float = 0.0,
+        return_z_loss: bool = False,
+        memory_budget_bytes: int | None = None,
+    ):
         super().__init__()
         if reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
@@ -521,12 +661,22 @@ class FusedLinearCrossEntropyLoss(nn.Module):
 
     def forward(self, x, weight, target, bias=None):
         return fused_linear_cross_entropy(
-            x, weight, target, bias, ignore_index=self.ignore_index,
-            label_smoothing=self.label_smoothing, reduction=self.reduction,
-            softcap=self.softcap, z_loss_scale=self.z_loss_scale,
-            return_z_loss=self.return_z_loss, memory_budget_bytes=self.memory_budget_bytes)
+            x,
+            weight,
+            target,
+            bias,
+            ignore_index=self.ignore_index,
+            label_smoothing=self.label_smoothing,
+            reduction=self.reduction,
+            softcap=self.softcap,
+            z_loss_scale=self.z_loss_scale,
+            return_z_loss=self.return_z_loss,
+            memory_budget_bytes=self.memory_budget_bytes,
+        )
 
     def extra_repr(self) -> str:
-        return (f"reduction={self.reduction!r}, ignore_index={self.ignore_index}, "
-                f"label_smoothing={self.label_smoothing}, softcap={self.softcap}, "
-                f"z_loss_scale={self.z_loss_scale}")
+        return (
+            f"reduction={self.reduction!r}, ignore_index={self.ignore_index}, "
+            f"label_smoothing={self.label_smoothing}, softcap={self.softcap}, "
+            f"z_loss_scale={self.z_loss_scale}"
+        )

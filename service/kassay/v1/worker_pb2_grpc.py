@@ -75,8 +75,8 @@ class WorkerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Cancel(self, request, context):
-        """Cancel a run: its queued groups are reported not run, its running group stops after the
-        current case.
+        """Cancel a run: its queued groups are reported not run at once; its running case is stopped
+        (the executor is restarted) and the rest of its group is reported not run.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

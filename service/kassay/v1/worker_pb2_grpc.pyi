@@ -62,8 +62,8 @@ class WorkerStub:
     early cancels the run.
     """
     Cancel: _grpc.UnaryUnaryMultiCallable[_worker_pb2.CancelRequest, _worker_pb2.CancelResponse]
-    """Cancel a run: its queued groups are reported not run, its running group stops after the
-    current case.
+    """Cancel a run: its queued groups are reported not run at once; its running case is stopped
+    (the executor is restarted) and the rest of its group is reported not run.
     """
 
 @_typing.type_check_only
@@ -82,8 +82,8 @@ class WorkerAsyncStub(WorkerStub):
     early cancels the run.
     """
     Cancel: _aio.UnaryUnaryMultiCallable[_worker_pb2.CancelRequest, _worker_pb2.CancelResponse]  # type: ignore[assignment]
-    """Cancel a run: its queued groups are reported not run, its running group stops after the
-    current case.
+    """Cancel a run: its queued groups are reported not run at once; its running case is stopped
+    (the executor is restarted) and the rest of its group is reported not run.
     """
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
@@ -117,8 +117,8 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_pb2.CancelRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.CancelResponse, _abc.Awaitable[_worker_pb2.CancelResponse]]:
-        """Cancel a run: its queued groups are reported not run, its running group stops after the
-        current case.
+        """Cancel a run: its queued groups are reported not run at once; its running case is stopped
+        (the executor is restarted) and the rest of its group is reported not run.
         """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -20,7 +20,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 from pydantic import BaseModel, ValidationError
 
@@ -41,11 +40,10 @@ _ENV_FIELDS = frozenset(pb.Environment.DESCRIPTOR.fields_by_name) - {"extra"}
 
 def _invalid(loc: Loc, msg: str) -> InvalidSpecError:
     path = ".".join(str(p) for p in loc) or "(root)"
-    return InvalidSpecError(f"{path}: {msg}",
-                            details={"errors": [{"loc": list(loc), "msg": msg}]})
+    return InvalidSpecError(f"{path}: {msg}", details={"errors": [{"loc": list(loc), "msg": msg}]})
 
 
-def _is_map(f: FieldDescriptor) -> bool:
+def _is_map(f: Any) -> bool:
     return f.message_type is not None and f.message_type.GetOptions().map_entry
 
 
@@ -92,8 +90,11 @@ def read(msg: Message, *, omit_absent: bool = False) -> dict[str, Any]:
         if _is_map(f):
             out[f.name] = dict(value)
         elif f.is_repeated:
-            out[f.name] = ([read(v, omit_absent=omit_absent) for v in value]
-                           if f.message_type is not None else list(value))
+            out[f.name] = (
+                [read(v, omit_absent=omit_absent) for v in value]
+                if f.message_type is not None
+                else list(value)
+            )
         elif f.has_presence and not msg.HasField(f.name):
             if not omit_absent:
                 out[f.name] = None
@@ -120,8 +121,11 @@ def set_params(msg: Message, op: str, params: Mapping[str, Any], loc: Loc = ()) 
         raise InvalidSpecError(
             f"{'.'.join(map(str, (*loc, 'op'))) or 'op'}: unknown op {op!r}; known ops: "
             + ", ".join(PARAMS_FIELDS),
-            details={"field": "op", "allowed": list(PARAMS_FIELDS),
-                     "errors": [{"loc": [*loc, "op"], "msg": f"unknown op {op!r}"}]},
+            details={
+                "field": "op",
+                "allowed": list(PARAMS_FIELDS),
+                "errors": [{"loc": [*loc, "op"], "msg": f"unknown op {op!r}"}],
+            },
         )
     sub = getattr(msg, op)
     sub.SetInParent()
@@ -148,8 +152,13 @@ def get_params(msg: Message, op: str, loc: Loc = ()) -> dict[str, Any]:
 def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
     """GroupSpec (pydantic) -> kassay.v1.GroupSpec."""
     msg = pb.GroupSpec(
-        group_id=group.group_id, suite_index=group.suite_index, op=group.op,
-        regime=group.regime, seed=group.seed, impls=list(group.impls), baseline=group.baseline,
+        group_id=group.group_id,
+        suite_index=group.suite_index,
+        op=group.op,
+        regime=group.regime,
+        seed=group.seed,
+        impls=list(group.impls),
+        baseline=group.baseline,
     )
     set_params(msg, group.op, group.params)
     fill(msg.tolerance, group.tolerance.model_dump(), ("tolerance",))
@@ -166,16 +175,32 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
         raise _invalid((*loc, "impls"), "must list at least one impl")
     op = msg.op or (msg.WhichOneof("params") or "")
     params = get_params(msg, op, loc)
-    tolerance = (_validate(TolerancePolicy, read(msg.tolerance, omit_absent=True),
-                           (*loc, "tolerance"))
-                 if msg.HasField("tolerance") else TolerancePolicy())
-    timing = (_validate(TimingPolicy, read(msg.timing, omit_absent=True), (*loc, "timing"))
-              if msg.HasField("timing") else TimingPolicy())
-    return _validate(GroupSpec, {
-        "group_id": msg.group_id, "suite_index": msg.suite_index, "op": op, "params": params,
-        "regime": msg.regime or "normal", "seed": msg.seed, "impls": list(msg.impls),
-        "baseline": msg.baseline or "torch", "tolerance": tolerance, "timing": timing,
-    }, loc)
+    tolerance = (
+        _validate(TolerancePolicy, read(msg.tolerance, omit_absent=True), (*loc, "tolerance"))
+        if msg.HasField("tolerance")
+        else TolerancePolicy.model_validate({})
+    )
+    timing = (
+        _validate(TimingPolicy, read(msg.timing, omit_absent=True), (*loc, "timing"))
+        if msg.HasField("timing")
+        else TimingPolicy.model_validate({})
+    )
+    return _validate(
+        GroupSpec,
+        {
+            "group_id": msg.group_id,
+            "suite_index": msg.suite_index,
+            "op": op,
+            "params": params,
+            "regime": msg.regime or "normal",
+            "seed": msg.seed,
+            "impls": list(msg.impls),
+            "baseline": msg.baseline or "torch",
+            "tolerance": tolerance,
+            "timing": timing,
+        },
+        loc,
+    )
 
 
 def groups_from_proto(msgs: Sequence[pb.GroupSpec]) -> list[GroupSpec]:
@@ -228,8 +253,9 @@ def result_from_proto(msg: pb.CaseResult) -> CaseResult:
     for key in (*PARAMS_FIELDS, *_RESULT_SPECIAL):
         data.pop(key, None)
     data["params"] = get_params(msg, msg.op)
-    data["environment"] = (environment_from_proto(msg.environment)
-                           if msg.HasField("environment") else None)
+    data["environment"] = (
+        environment_from_proto(msg.environment) if msg.HasField("environment") else None
+    )
     return CaseResult.model_validate(data)
 
 

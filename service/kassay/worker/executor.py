@@ -31,6 +31,7 @@ import json
 import os
 import pickle
 import shutil
+import signal
 import struct
 import sys
 import traceback
@@ -40,8 +41,14 @@ _HEADER = struct.Struct(">I")
 POISONED_EXIT_CODE = 3
 FATAL_EXIT_CODE = 2
 # Substrings of errors after which a CUDA context cannot be trusted (sticky errors).
-_CUDA_POISON = ("CUDA error", "illegal memory access", "device-side assert", "AcceleratorError",
-                "CUBLAS_STATUS_EXECUTION_FAILED", "unspecified launch failure")
+_CUDA_POISON = (
+    "CUDA error",
+    "illegal memory access",
+    "device-side assert",
+    "AcceleratorError",
+    "CUBLAS_STATUS_EXECUTION_FAILED",
+    "unspecified launch failure",
+)
 
 
 class Channel:
@@ -136,20 +143,33 @@ def describe_ops(device: Any, *, include_testing: bool) -> list[dict[str, Any]]:
         impls = []
         for impl in list_impls(op.name, include_mutants=True, include_testing=include_testing):
             support = []
-            for dt in dtypes or [None]:
+            choices: list[str | None] = list(dtypes) or [None]
+            for dt in choices:
                 try:
                     reason = impl.supports(_minimal_params(op, dt), device)
                 except Exception as exc:  # a predicate that raises says "not known"
                     reason = f"supports() raised {type(exc).__name__}: {exc}"
-                support.append({"dtype": dt or "", "supported": not reason,
-                                "reason": reason or ""})
-            impls.append({
-                "name": impl.name, "kind": impl.kind, "description": impl.description,
-                "bug": impl.bug, "is_baseline": impl.name == "torch",
-                "device_supported": any(s["supported"] for s in support), "dtypes": support,
-            })
-        ops.append({"name": op.name, "description": op.description,
-                    "regimes": list(op.regimes), "dtypes": dtypes, "impls": impls})
+                support.append({"dtype": dt or "", "supported": not reason, "reason": reason or ""})
+            impls.append(
+                {
+                    "name": impl.name,
+                    "kind": impl.kind,
+                    "description": impl.description,
+                    "bug": impl.bug,
+                    "is_baseline": impl.name == "torch",
+                    "device_supported": any(s["supported"] for s in support),
+                    "dtypes": support,
+                }
+            )
+        ops.append(
+            {
+                "name": op.name,
+                "description": op.description,
+                "regimes": list(op.regimes),
+                "dtypes": dtypes,
+                "impls": impls,
+            }
+        )
     return ops
 
 
@@ -159,8 +179,15 @@ def describe_ops(device: Any, *, include_testing: bool) -> list[dict[str, Any]]:
 class Executor:
     """The child's state: the resolved device and the engine entry point."""
 
-    def __init__(self, chan: Channel, device_name: str, *, testing: bool,
-                 ceilings: dict[str, float] | None, worker_id: str | None) -> None:
+    def __init__(
+        self,
+        chan: Channel,
+        device_name: str,
+        *,
+        testing: bool,
+        ceilings: dict[str, float] | None,
+        worker_id: str | None,
+    ) -> None:
         import torch
 
         from kassay.impls import load
@@ -185,14 +212,18 @@ class Executor:
         else:
             # Measured by an earlier executor of this worker: skip re-measuring on restarts.
             known = dict(ceilings)
-            engine.measure_ceilings = lambda _device: known  # type: ignore[attr-defined]
+            engine.measure_ceilings = lambda _device: known  # type: ignore[assignment]
         self.ceilings = ceilings
         env = environment(self.device).model_copy(update={"ceilings": ceilings})
         total, free = _memory(self.device)
         self.info = {
-            "pid": os.getpid(), "device": str(self.device), "device_name": env.device_name,
-            "memory_total_bytes": total, "memory_free_bytes": free,
-            "environment": env.model_dump(), "ceilings": ceilings,
+            "pid": os.getpid(),
+            "device": str(self.device),
+            "device_name": env.device_name,
+            "memory_total_bytes": total,
+            "memory_free_bytes": free,
+            "environment": env.model_dump(),
+            "ceilings": ceilings,
             "ops": describe_ops(self.device, include_testing=testing),
         }
 
@@ -223,20 +254,41 @@ class Executor:
                 os._exit(POISONED_EXIT_CODE)
 
         try:
-            self.engine.run_group(group, device=self.device,
-                                  include_mutants=bool(msg.get("include_mutants")),
-                                  include_testing=self.testing, on_start=on_start,
-                                  on_result=on_result, worker=self.worker_id)
+            self.engine.run_group(
+                group,
+                device=self.device,
+                include_mutants=bool(msg.get("include_mutants")),
+                include_testing=self.testing,
+                on_start=on_start,
+                on_result=on_result,
+                worker=self.worker_id,
+            )
         except Exception as exc:  # the group cannot run at all (inputs, reference, ...)
             tb = traceback.format_exc(limit=-3)
-            self.chan.send({"type": "group_error", "error": f"{type(exc).__name__}: {exc}",
-                            "traceback": tb})
+            self.chan.send(
+                {"type": "group_error", "error": f"{type(exc).__name__}: {exc}", "traceback": tb}
+            )
             reason = self._poisoned(str(exc))
             if reason is not None:
                 self.chan.send({"type": "poisoned", "reason": reason})
                 os._exit(POISONED_EXIT_CODE)
         else:
             self.chan.send({"type": "group_done"})
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when the worker dies, even mid-case (no orphaned hangs)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(FATAL_EXIT_CODE)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceilings", default=None, help="JSON of already measured ceilings")
     parser.add_argument("--worker-id", default=None)
     args = parser.parse_args(argv)
+    if not os.environ.get("KASSAY_NO_PDEATHSIG"): _die_with_parent()
     if wants_interpreter(args.device):
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     chan = Channel.from_stdio()
@@ -253,9 +306,13 @@ def main(argv: list[str] | None = None) -> int:
 
     faulthandler.enable()  # a segfault leaves a Python traceback on stderr for the supervisor
     try:
-        ex = Executor(chan, args.device, testing=args.enable_test_impls,
-                      ceilings=json.loads(args.ceilings) if args.ceilings else None,
-                      worker_id=args.worker_id)
+        ex = Executor(
+            chan,
+            args.device,
+            testing=args.enable_test_impls,
+            ceilings=json.loads(args.ceilings) if args.ceilings else None,
+            worker_id=args.worker_id,
+        )
     except Exception as exc:
         traceback.print_exc()
         chan.send({"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})

@@ -97,7 +97,8 @@ def generate(out_root: Path) -> Path:
 
 def _generated_names(directory: Path) -> set[str]:
     return {
-        p.name for p in directory.iterdir()
+        p.name
+        for p in directory.iterdir()
         if p.is_file() and (p.name == "__init__.py" or "_pb2" in p.name)
     }
 
@@ -129,9 +130,14 @@ def check() -> list[str]:
         for name in sorted(want & have):
             new, old = (fresh / name).read_text(), (STUB_DIR / name).read_text()
             if new != old:
-                diff = difflib.unified_diff(old.splitlines(), new.splitlines(),
-                                            f"checked-in/{name}", f"generated/{name}",
-                                            lineterm="", n=1)
+                diff = difflib.unified_diff(
+                    old.splitlines(),
+                    new.splitlines(),
+                    f"checked-in/{name}",
+                    f"generated/{name}",
+                    lineterm="",
+                    n=1,
+                )
                 lines = list(diff)
                 more = f"\n  ... {len(lines) - 12} more diff lines" if len(lines) > 12 else ""
                 problems.append(f"stale: {STUB_DIR / name}\n  " + "\n  ".join(lines[:12]) + more)
@@ -139,17 +145,23 @@ def check() -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kassay.worker.protogen",
-                                     description="regenerate the kassay.v1 gRPC stubs")
-    parser.add_argument("--check", action="store_true",
-                        help="do not write; exit 1 if the checked-in stubs are stale")
+    parser = argparse.ArgumentParser(
+        prog="python -m kassay.worker.protogen", description="regenerate the kassay.v1 gRPC stubs"
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="do not write; exit 1 if the checked-in stubs are stale",
+    )
     args = parser.parse_args(argv)
     try:
         if args.check:
             problems = check()
             if problems:
-                print("gRPC stubs are stale; run `make protos` and commit the result:",
-                      file=sys.stderr)
+                print(
+                    "gRPC stubs are stale; run `make protos` and commit the result:",
+                    file=sys.stderr,
+                )
                 for p in problems:
                     print(f"- {p}", file=sys.stderr)
                 return 1

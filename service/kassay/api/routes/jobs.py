@@ -129,7 +129,7 @@ def get_report(
     job_id: str,
     request: Request,
     svc: Annotated[Services, Depends(services)],
-    format: ReportFormat | None = None,  # noqa: A002
+    format: ReportFormat | None = None,
 ) -> Response:
     """The job's report (partial while it runs) as JSON, JUnit XML, Markdown or HTML, chosen
     by `?format=` or else by the Accept header (JSON by default)."""

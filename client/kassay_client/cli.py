@@ -1,0 +1,352 @@
+"""The client half of the `kassay` command: submit, wait, jobs, report, cancel.
+
+Exit codes (what CI steps branch on):
+    0  every case passed (unsupported and skipped cases do not count against it)
+    1  some case failed its tolerance
+    2  some case errored, crashed or timed out; the job was cancelled or refused; a wait ran
+       out of time; or the server answered with an error
+    3  the server could not be reached
+--server and --token default to $KASSAY_SERVER and $KASSAY_TOKEN.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kassay_client import Client, Job, Report
+
+EXIT_PASSED, EXIT_FAILED, EXIT_ERROR, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("submit", help="submit a job spec to a kassay server")
+    _server_args(p)
+    p.add_argument("spec", help="job spec file (YAML or JSON); - reads stdin")
+    p.add_argument("--label", action="append", default=[], metavar="K=V",
+                   help="add a label (repeat)")
+    p.add_argument("--idempotency-key", default=None,
+                   help="resubmitting with the same key returns the same job")
+    p.add_argument("--wait", action="store_true", help="wait for the job and report it")
+    _wait_args(p)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("wait", help="wait for a job and report it")
+    _server_args(p)
+    p.add_argument("job_id")
+    _wait_args(p)
+    p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("jobs", help="list jobs on a kassay server")
+    _server_args(p)
+    p.add_argument("--state", choices=["queued", "running", "finished", "cancelled"])
+    p.add_argument("--label", action="append", default=[], metavar="K=V")
+    p.add_argument("--name")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_jobs)
+
+    p = sub.add_parser("report", help="print or save a job's report")
+    _server_args(p)
+    p.add_argument("job_id")
+    p.add_argument("--format", choices=["markdown", "json", "junit", "html"],
+                   default="markdown")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    _server_args(p)
+    p.add_argument("job_id")
+    p.set_defaults(func=cmd_cancel)
+
+
+def _server_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", default=os.environ.get("KASSAY_SERVER"),
+                   help="API URL (default $KASSAY_SERVER)")
+    p.add_argument("--token", default=os.environ.get("KASSAY_TOKEN"),
+                   help="API token (default $KASSAY_TOKEN)")
+
+
+def _wait_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", type=float, default=None, help="give up waiting after S s")
+    p.add_argument("--junit", metavar="FILE", help="write the JUnit XML report here")
+    p.add_argument("--markdown", metavar="FILE", help="write the Markdown report here")
+    p.add_argument("--json", metavar="FILE", help="write the JSON report here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def exit_code(job: Job) -> int:
+    """0 all passed, 1 some failed, 2 errors/crashes/timeouts or a cancelled job."""
+    p = job.progress
+    if job.state == "cancelled" or p.error or p.crashed or p.timeout:
+        return EXIT_ERROR
+    if p.failed:
+        return EXIT_FAILED
+    return EXIT_PASSED
+
+
+def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from kassay_client.errors import (
+            APIConnectionError,
+            APIStatusError,
+            KassayError,
+            WaitTimeoutError,
+        )
+
+        if not args.server:
+            print("kassay: no server: pass --server URL or set KASSAY_SERVER", file=sys.stderr)
+            return EXIT_ERROR
+        try:
+            return fn(args)
+        except APIConnectionError as exc:
+            print(f"kassay: cannot reach {args.server}: {exc.message}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+        except APIStatusError as exc:
+            _print_api_error(exc)
+            return EXIT_ERROR
+        except WaitTimeoutError as exc:
+            print(f"kassay: {exc.message} (timeout); it keeps running", file=sys.stderr)
+            return EXIT_ERROR
+        except KassayError as exc:
+            print(f"kassay: {exc.message}", file=sys.stderr)
+            return EXIT_ERROR
+
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def _print_api_error(exc: Any) -> None:
+    print(f"kassay: the server refused: {exc.message}", file=sys.stderr)
+    errors = exc.details.get("errors") if isinstance(exc.details, dict) else None
+    for e in errors or []:
+        loc = ".".join(str(p) for p in e.get("loc", []))
+        print(f"  {loc}: {e.get('msg')}", file=sys.stderr)
+    allowed = exc.details.get("allowed") if isinstance(exc.details, dict) else None
+    if allowed:
+        print(f"  known: {', '.join(map(str, allowed))}", file=sys.stderr)
+
+
+def _client(args: argparse.Namespace) -> Client:
+    from kassay_client import Client
+
+    return Client(args.server, token=args.token)
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise SystemExit(f"kassay: --label {item!r} must be KEY=VALUE")
+        out[k] = v
+    return out
+
+
+def follow(client: Client, job: Job, *, timeout: float | None = None,
+           quiet: bool = False) -> Job:
+    """Wait for a job with a rich progress bar on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kassay_client.models import JobEvent
+
+    if quiet:
+        return client.jobs.wait(job.id, timeout=timeout)
+    console = Console(stderr=True)
+    counts: dict[str, int] = {}
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
+                  console=console, transient=False) as bar:
+        task = bar.add_task(job.name, total=job.progress.total, completed=job.progress.done,
+                            counts="")
+
+        def on_event(event: JobEvent) -> None:
+            if event.result is not None:
+                counts[event.result.status] = counts.get(event.result.status, 0) + 1
+                bar.update(task, completed=sum(counts.values()), counts=_counts_text(counts))
+            elif event.job is not None:
+                p = event.job.progress
+                snap = {s: getattr(p, s) for s in ("passed", "failed", "error", "crashed",
+                                                   "timeout", "unsupported", "skipped")}
+                bar.update(task, completed=p.done, counts=_counts_text(snap))
+
+        return client.jobs.wait(job.id, timeout=timeout, on_event=on_event)
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    colors = {"passed": "green", "failed": "red", "error": "magenta", "crashed": "magenta",
+              "timeout": "magenta", "unsupported": "dim", "skipped": "dim"}
+    return " ".join(f"[{colors.get(k, 'white')}]{k} {v}[/]" for k, v in counts.items() if v)
+
+
+def summary_table(report: Report, *, max_rows: int = 60) -> Any:
+    """A rich table of the cases (problems first), with the summary as its caption."""
+    from rich.table import Table
+
+    order = {"crashed": 0, "timeout": 1, "error": 2, "failed": 3, "unsupported": 4,
+             "skipped": 5, "passed": 6}
+    cases = sorted(report.cases, key=lambda c: order.get(c.status, 9))
+    s = report.summary
+    caption = (f"{s.total} cases: {s.passed} passed, {s.failed} failed, {s.error} error, "
+               f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
+               f"{s.skipped} skipped")
+    table = Table(title=f"kassay · {report.name} · {report.state}", caption=caption)
+    for col in ("op", "impl", "params", "regime", "status", "worst rel_l2", "median ms",
+                "message"):
+        table.add_column(col, overflow="fold")
+    style = {"passed": "green", "failed": "red", "error": "magenta", "crashed": "magenta",
+             "timeout": "magenta"}
+    varying = _varying_params(report)
+    for c in cases[:max_rows]:
+        rel = max((float(o.get("rel_l2", 0.0)) for o in c.outputs), default=None)
+        ms = c.timing.get("median_ms") if c.timing else None
+        keys = varying.get(c.op) or list(c.params)[:3]
+        params = ",".join(f"{k}={c.params.get(k)}" for k in keys)
+        table.add_row(c.op, c.impl, params, c.regime,
+                      f"[{style.get(c.status, 'dim')}]{c.status}[/]",
+                      "" if rel is None else f"{rel:.2e}",
+                      "" if ms is None else f"{ms:.3f}", c.message[:120])
+    if len(cases) > max_rows:
+        table.add_row("…", f"{len(cases) - max_rows} more", "", "", "", "", "", "")
+    return table
+
+
+def _varying_params(report: Report) -> dict[str, list[str]]:
+    """Per op, the params that differ between its cases (the grid axes): what tells rows
+    apart."""
+    seen: dict[str, dict[str, set[str]]] = {}
+    for c in report.cases:
+        per = seen.setdefault(c.op, {})
+        for k, v in c.params.items():
+            per.setdefault(k, set()).add(repr(v))
+    return {op: [k for k, vals in per.items() if len(vals) > 1] for op, per in seen.items()}
+
+
+def write_reports(client: Client, job_id: str, *, junit: str | None = None,
+                  markdown: str | None = None, json_path: str | None = None) -> None:
+    for fmt, path in (("junit", junit), ("markdown", markdown), ("json", json_path)):
+        if not path:
+            continue
+        r = client.request("GET", f"/v1/jobs/{job_id}/report", params={"format": fmt})
+        Path(path).write_text(r.text)
+        print(f"wrote {fmt} report to {path}", file=sys.stderr)
+
+
+def finish(client: Client, job: Job, args: argparse.Namespace) -> int:
+    """Wait, print the summary table, write report files; the exit code."""
+    from rich.console import Console
+
+    job = follow(client, job, timeout=args.timeout, quiet=args.quiet)
+    report = client.jobs.report(job.id)
+    Console().print(summary_table(report))
+    write_reports(client, job.id, junit=args.junit, markdown=args.markdown,
+                  json_path=args.json)
+    code = exit_code(job)
+    print(f"job {job.id} {job.state}: exit {code}", file=sys.stderr)
+    return code
+
+
+# ------------------------------------------------------------------------------ commands
+
+
+@_guarded
+def cmd_submit(args: argparse.Namespace) -> int:
+    text = sys.stdin.read() if args.spec == "-" else None
+    if text is None:
+        try:
+            text = Path(args.spec).read_text()
+        except OSError as exc:
+            print(f"kassay: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
+            return EXIT_ERROR
+    with _client(args) as client:
+        job = client.jobs.create(text, labels=_labels(args.label) or None,
+                                 idempotency_key=args.idempotency_key)
+        print(f"job {job.id} {job.state}: {job.progress.total} cases  "
+              f"{client.base_url}{job.links.get('self', '')}", file=sys.stderr)
+        if not (args.wait or args.junit or args.markdown or args.json):
+            print(job.id)
+            return EXIT_PASSED
+        return finish(client, job, args)
+
+
+@_guarded
+def cmd_wait(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        return finish(client, client.jobs.get(args.job_id), args)
+
+
+@_guarded
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    with _client(args) as client:
+        page = client.jobs.list(state=args.state, labels=_labels(args.label) or None,
+                                name=args.name, limit=args.limit)
+    if args.json:
+        print(json.dumps([j.model_dump(mode="json") for j in page.items], indent=2))
+        return EXIT_PASSED
+    table = Table()
+    for col in ("id", "name", "state", "ok", "cases", "passed", "failed", "other", "created",
+                "labels"):
+        table.add_column(col)
+    for j in page.items:
+        p = j.progress
+        table.add_row(j.id, j.name, j.state, "" if j.ok is None else str(j.ok).lower(),
+                      f"{p.done}/{p.total}", str(p.passed), str(p.failed),
+                      str(p.error + p.crashed + p.timeout),
+                      j.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                      ",".join(f"{k}={v}" for k, v in j.labels.items()))
+    Console().print(table)
+    return EXIT_PASSED
+
+
+@_guarded
+def cmd_report(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        r = client.request("GET", f"/v1/jobs/{args.job_id}/report",
+                           params={"format": args.format})
+    if args.output:
+        Path(args.output).write_text(r.text)
+        print(f"wrote {args.format} report to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(r.text if r.text.endswith("\n") else r.text + "\n")
+    return EXIT_PASSED
+
+
+@_guarded
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        job = client.jobs.cancel(args.job_id)
+    print(f"job {job.id} {job.state}: {job.progress.done}/{job.progress.total} cases done")
+    return EXIT_PASSED
+
+
+def submit_and_report(server: str, spec_path: str, *, token: str | None = None,
+                      print_markdown: bool = False, timeout: float | None = None) -> int:
+    """Submit a spec file, follow it, print the summary table (and the Markdown report); the
+    exit code. Used by `kassay demo`."""
+    args = argparse.Namespace(server=server, token=token, timeout=timeout, junit=None,
+                              markdown=None, json=None, quiet=False)
+
+    @_guarded
+    def run(args: argparse.Namespace) -> int:
+        with _client(args) as client:
+            job = client.jobs.create(Path(spec_path))
+            print(f"job {job.id} submitted: {job.progress.total} cases", file=sys.stderr)
+            code = finish(client, job, args)
+            if print_markdown:
+                print(client.jobs.report(job.id, format="markdown"))
+            return code
+
+    return run(args)

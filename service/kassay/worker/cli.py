@@ -1,0 +1,86 @@
+"""`kassay worker`: serve the kassay.v1.Worker gRPC service for one device.
+
+    kassay worker --listen HOST:PORT --device cpu|cuda|cuda:N|auto
+                  [--enable-test-impls] [--case-timeout S] [--worker-id ID]
+
+Flags override the KASSAY_* settings (KASSAY_WORKER_LISTEN, KASSAY_DEVICE,
+KASSAY_ENABLE_TEST_IMPLS, KASSAY_CASE_TIMEOUT_S, ...). Heavy imports (grpc, torch) happen inside
+the command so that `kassay --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "worker",
+        help="run a gRPC worker (one executor on one device)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--listen",
+        default=None,
+        help="HOST:PORT to listen on (default: KASSAY_WORKER_LISTEN, 127.0.0.1:50051;"
+        " port 0 picks a free one)",
+    )
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (default: auto)")
+    p.add_argument(
+        "--enable-test-impls",
+        action="store_true",
+        default=None,
+        help="offer the crash/exit/hang/raise test impls (for integration tests)",
+    )
+    p.add_argument(
+        "--case-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a case may run before its executor is killed (default 300)",
+    )
+    p.add_argument("--worker-id", default=None, help="name reported in results and Describe")
+    p.set_defaults(func=_cmd_worker)
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import sys
+
+    from pydantic import ValidationError
+
+    from kassay.settings import Settings
+
+    overrides: dict[str, Any] = {
+        "worker_listen": args.listen,
+        "device": args.device,
+        "enable_test_impls": args.enable_test_impls,
+        "case_timeout_s": args.case_timeout,
+        "worker_id": args.worker_id,
+    }
+    try:
+        settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        for err in exc.errors():
+            print(f"kassay worker: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from kassay.worker.server import WorkerConfig, serve
+
+    config = WorkerConfig(
+        listen=settings.worker_listen,
+        device=settings.device,
+        worker_id=settings.worker_id,
+        enable_test_impls=settings.enable_test_impls,
+        case_timeout_s=settings.case_timeout_s,
+        start_timeout_s=settings.executor_start_timeout_s,
+        shutdown_grace_s=settings.worker_shutdown_grace_s,
+    )
+    return asyncio.run(serve(config))

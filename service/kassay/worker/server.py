@@ -1,0 +1,329 @@
+"""The worker's gRPC server: kassay.v1.Worker, grpc.health.v1 and server reflection on one port.
+
+Health (service "" and "kassay.v1.Worker") is SERVING while the executor is up, NOT_SERVING while
+it starts or restarts and for good once shutdown begins. SIGTERM/SIGINT drain the worker: new Run
+calls are refused (UNAVAILABLE), the running case finishes, every other case of the queued groups
+is handed back in GroupDone.not_run, the streams end, then the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+import signal
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+from grpc_reflection.v1alpha import reflection
+
+from kassay import __version__
+from kassay.errors import InvalidSpecError, UnknownImplError, WorkerUnavailableError
+from kassay.v1 import worker_pb2 as pb
+from kassay.v1 import worker_pb2_grpc
+from kassay.validate.results import CaseResult
+from kassay.validate.spec import GroupSpec
+from kassay.worker import convert
+from kassay.worker.interceptor import ErrorInterceptor
+from kassay.worker.supervisor import ExecutorStartError, RunHandle, Supervisor
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
+
+
+@dataclass
+class WorkerConfig:
+    listen: str = "127.0.0.1:50051"
+    device: str = "auto"
+    worker_id: str | None = None
+    enable_test_impls: bool = False
+    case_timeout_s: float = 300.0
+    start_timeout_s: float = 120.0
+    shutdown_grace_s: float = 30.0
+
+
+class _StreamSink:
+    """Turns supervisor events into kassay.v1.CaseEvent messages on a queue for one Run call."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.queue: asyncio.Queue[pb.CaseEvent | None] = asyncio.Queue()
+        self.seq = 0
+        self.finished_flag = False
+
+    def _put(self, **kw: Any) -> None:
+        self.seq += 1
+        self.queue.put_nowait(pb.CaseEvent(run_id=self.run_id, seq=self.seq, **kw))
+
+    def started(self, case_id: str, group_id: str, impl: str, attempt: int) -> None:
+        self._put(
+            started=pb.CaseStarted(case_id=case_id, group_id=group_id, impl=impl, attempt=attempt)
+        )
+
+    def result(self, result: CaseResult) -> None:
+        self._put(result=convert.result_to_proto(result))
+
+    def done(
+        self, group_id: str, n_results: int, not_run: list[str], reason: str, duration_s: float
+    ) -> None:
+        self._put(
+            done=pb.GroupDone(
+                group_id=group_id,
+                n_results=n_results,
+                not_run=not_run,
+                reason=reason,
+                duration_s=duration_s,
+            )
+        )
+
+    def finished(self) -> None:
+        self.finished_flag = True
+        self.queue.put_nowait(None)
+
+
+class WorkerService(worker_pb2_grpc.WorkerServicer):
+    """kassay.v1.Worker over one Supervisor."""
+
+    def __init__(self, supervisor: Supervisor, config: WorkerConfig) -> None:
+        self.sup = supervisor
+        self.config = config
+        self.draining = False
+
+    # ------------------------------------------------------------------------------ Describe
+
+    async def Describe(
+        self, request: pb.DescribeRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DescribeResponse:
+        await self.sup.wait_ready(self.config.start_timeout_s)
+        info = self.sup.info
+        resp = pb.DescribeResponse(
+            worker_id=self.sup.worker_id,
+            device=info.get("device", ""),
+            device_name=info.get("device_name", ""),
+            memory_total_bytes=int(info.get("memory_total_bytes", 0)),
+            memory_free_bytes=int(info.get("memory_free_bytes", 0)),
+            test_impls_enabled=self.config.enable_test_impls,
+            case_timeout_s=self.config.case_timeout_s,
+            version=__version__,
+        )
+        env = self.sup.environment
+        if env is not None:
+            convert.environment_to_proto(env, resp.environment)
+        ceilings = self.sup.ceilings or {}
+        resp.ceilings.SetInParent()
+        for key in ("matmul_tflops", "copy_gbps"):
+            if key in ceilings:
+                setattr(resp.ceilings, key, float(ceilings[key]))
+        resp.ceilings.all.update({k: float(v) for k, v in ceilings.items()})
+        for op in info.get("ops", []):
+            convert.fill(resp.ops.add(), op)
+        snap = self.sup.snapshot()
+        snap["state"] = pb.ExecutorState.Value(f"EXECUTOR_STATE_{snap['state']}")
+        convert.fill(resp.executor, snap)
+        return resp
+
+    # ----------------------------------------------------------------------------------- Run
+
+    def _check_groups(self, groups: list[GroupSpec], include_mutants: bool) -> None:
+        """Op, regime and impl names against what the executor reported it can run."""
+        ops = {o["name"]: o for o in self.sup.info.get("ops", [])}
+        seen: set[str] = set()
+        for i, g in enumerate(groups):
+            loc: list[Any] = ["groups", i]
+            if g.group_id in seen:
+                raise InvalidSpecError(
+                    f"groups.{i}.group_id: {g.group_id!r} appears twice in this run",
+                    details={"errors": [{"loc": [*loc, "group_id"], "msg": "duplicate"}]},
+                )
+            seen.add(g.group_id)
+            op = ops.get(g.op)
+            if op is None:
+                raise InvalidSpecError(
+                    f"groups.{i}.op: this worker has no op {g.op!r}",
+                    details={
+                        "errors": [{"loc": [*loc, "op"], "msg": "unknown op"}],
+                        "allowed": sorted(ops),
+                    },
+                )
+            if g.regime not in op["regimes"]:
+                raise InvalidSpecError(
+                    f"groups.{i}.regime: op {g.op!r} has no regime {g.regime!r}; known "
+                    f"regimes: {', '.join(op['regimes'])}",
+                    details={
+                        "errors": [{"loc": [*loc, "regime"], "msg": "unknown regime"}],
+                        "allowed": op["regimes"],
+                    },
+                )
+            known = [m["name"] for m in op["impls"] if include_mutants or m["kind"] != "mutant"]
+            if len(set(g.impls)) != len(g.impls):
+                raise InvalidSpecError(
+                    f"groups.{i}.impls: an impl is listed twice",
+                    details={"errors": [{"loc": [*loc, "impls"], "msg": "duplicate impl"}]},
+                )
+            for field, names in (("impls", g.impls), ("baseline", [g.baseline])):
+                for name in names:
+                    if name not in known:
+                        raise UnknownImplError(
+                            f"groups.{i}.{field}: unknown impl {name!r} for op {g.op!r}; "
+                            f"known impls: {', '.join(known)}",
+                            details={
+                                "errors": [{"loc": [*loc, field], "msg": f"unknown impl {name!r}"}],
+                                "op": g.op,
+                                "allowed": known,
+                            },
+                        )
+
+    async def Run(
+        self, request: pb.RunRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.CaseEvent]:
+        if self.draining:
+            raise WorkerUnavailableError("the worker is shutting down")
+        if not request.groups:
+            raise InvalidSpecError(
+                "groups: a run needs at least one group",
+                details={"errors": [{"loc": ["groups"], "msg": "empty"}]},
+            )
+        if request.HasField("case_timeout_s") and request.case_timeout_s < 0:
+            raise InvalidSpecError(
+                "case_timeout_s: must not be negative",
+                details={"errors": [{"loc": ["case_timeout_s"], "msg": "negative"}]},
+            )
+        groups = convert.groups_from_proto(request.groups)
+        await self.sup.wait_ready(self.config.start_timeout_s)
+        self._check_groups(groups, request.include_mutants)
+        run_id = request.run_id or f"run-{uuid.uuid4().hex[:12]}"
+        sink = _StreamSink(run_id)
+        handle = RunHandle(
+            run_id=run_id,
+            sink=sink,
+            include_mutants=request.include_mutants,
+            case_timeout_s=request.case_timeout_s or None,
+        )
+        self.sup.submit(handle, groups)
+        try:
+            while True:
+                event = await sink.queue.get()
+                if event is None:
+                    return
+                yield event
+        finally:
+            if not sink.finished_flag:  # the client went away: stop spending the device on it
+                self.sup.cancel(run_id)
+
+    # -------------------------------------------------------------------------------- Cancel
+
+    async def Cancel(
+        self, request: pb.CancelRequest, context: grpc.aio.ServicerContext
+    ) -> pb.CancelResponse:
+        if not request.run_id:
+            raise InvalidSpecError(
+                "run_id: required", details={"errors": [{"loc": ["run_id"], "msg": "empty"}]}
+            )
+        found, n = self.sup.cancel(request.run_id)
+        return pb.CancelResponse(found=found, cancelled_groups=n)
+
+
+def _default_worker_id(port: int) -> str:
+    return f"{socket.gethostname()}:{port}"
+
+
+async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> int:
+    """Run the worker until SIGTERM/SIGINT; returns the process exit code."""
+    health = health_aio.HealthServicer()
+    for name in ("", SERVICE_NAME):
+        await health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def on_serving(ok: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ok
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for name in ("", SERVICE_NAME):
+            await health.set(name, status)
+
+    server = grpc.aio.server(
+        interceptors=[ErrorInterceptor()],
+        options=[
+            ("grpc.max_receive_message_length", 64 * 2**20),
+            ("grpc.max_send_message_length", 64 * 2**20),
+        ],
+    )
+    try:
+        port = server.add_insecure_port(config.listen)
+    except RuntimeError as exc:
+        log.error("cannot listen on %s: %s", config.listen, exc)
+        return 1
+    worker_id = config.worker_id or _default_worker_id(port)
+    sup = Supervisor(
+        device=config.device,
+        worker_id=worker_id,
+        enable_test_impls=config.enable_test_impls,
+        case_timeout_s=config.case_timeout_s,
+        start_timeout_s=config.start_timeout_s,
+        on_serving=on_serving,
+    )
+    service = WorkerService(sup, config)
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection(
+        (
+            SERVICE_NAME,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ),
+        server,
+    )
+    await server.start()
+    host = config.listen.rsplit(":", 1)[0]
+    print(
+        f"kassay worker {worker_id} listening on {host}:{port} (device {config.device})", flush=True
+    )
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+
+    t0 = time.monotonic()
+    importer = asyncio.ensure_future(asyncio.to_thread(importlib.import_module, "kassay.ops"))
+    starter = asyncio.ensure_future(sup.start())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({starter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if not starter.done():  # asked to stop while the executor was still starting
+        starter.cancel()
+    elif starter.exception() is not None:
+        err = starter.exception()
+        print(f"kassay worker: {err}", flush=True)
+        await sup.close()
+        await server.stop(grace=1)
+        return 1 if isinstance(err, ExecutorStartError) else 2
+    else:
+        await importer
+        print(
+            f"kassay worker ready: {sup.info.get('device')} "
+            f"({sup.info.get('device_name')}), executor pid {sup.snapshot()['pid']}, "
+            f"started in {time.monotonic() - t0:.1f} s",
+            flush=True,
+        )
+        if ready is not None:
+            ready.set()
+        await stopper
+
+    print("kassay worker: shutting down (finishing the running case)", flush=True)
+    service.draining = True
+    await health.enter_graceful_shutdown()
+    await sup.drain(timeout=config.shutdown_grace_s)
+    await server.stop(grace=5.0)
+    print("kassay worker: stopped", flush=True)
+    return 0

@@ -1,0 +1,131 @@
+"""The job store on a real SQLite file: idempotency, claims and leases, results written once,
+requeue after a lost worker, cancel, and resuming only what is unfinished."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kassay.api.store import Store
+from kassay.errors import ConflictError
+from kassay.validate.results import CaseResult
+from kassay.validate.spec import expand, parse_spec
+
+SPEC = {
+    "name": "store-test",
+    "labels": {"repo": "kassay", "branch": "main"},
+    "suites": [{"op": "lse_merge", "impls": ["torch", "te_style"],
+                "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3]},
+                "timing": {"enabled": False}}],
+}
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path}/k.db")
+    yield s
+    s.close()
+
+
+def _create(store: Store, key: str | None = None, spec: dict | None = None):
+    job_spec = parse_spec(spec or SPEC)
+    groups = expand(job_spec)
+    return store.create_job(job_spec, groups, {g.group_id: "float32" for g in groups},
+                            idempotency_key=key, spec_hash=job_spec.model_dump_json())
+
+
+def _result(claim, impl: str, status: str = "passed") -> CaseResult:
+    g = claim.group
+    return CaseResult(case_id=f"{g.group_id}:{impl}", group_id=g.group_id, op=g.op, impl=impl,
+                      params=g.params, regime=g.regime, seed=g.seed, dtype="float32",
+                      status=status)
+
+
+def test_wal_and_counts(store):
+    job, created = _create(store)
+    assert created and job.state == "queued" and job.total == 4 and job.done == 0
+    with store.engine.connect() as conn:
+        mode = conn.exec_driver_sql("PRAGMA journal_mode").scalar()
+    assert mode == "wal"
+
+
+def test_idempotency_same_and_conflicting(store):
+    a, created_a = _create(store, key="k")
+    b, created_b = _create(store, key="k")
+    assert created_a and not created_b and a.id == b.id
+    with pytest.raises(ConflictError):
+        _create(store, key="k", spec={**SPEC, "name": "other"})
+
+
+def test_claim_record_finish(store):
+    job, _ = _create(store)
+    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
+    assert claim is not None and claim.attempt == 1 and claim.group.impls == ["torch", "te_style"]
+    assert store.get_job(job.id).state == "running"
+    assert store.record_result(job.id, _result(claim, "torch")) == 1
+    assert store.record_result(job.id, _result(claim, "torch", "failed")) is None  # once only
+    store.finish_group(job.id, claim.group.group_id)  # te_style never reported
+    j = store.get_job(job.id)
+    assert j.done == 2 and j.counts["passed"] == 1 and j.counts["error"] == 1
+    claim2 = store.claim_group(worker="w1", owner="o", lease_s=60)
+    for impl in claim2.group.impls:
+        store.record_result(job.id, _result(claim2, impl))
+    store.finish_group(job.id, claim2.group.group_id)
+    j = store.get_job(job.id)
+    assert j.state == "finished" and j.done == 4 and j.ok is False
+    assert [seq for seq, _ in store.results_since(job.id, 0)] == [1, 2, 3, 4]
+    assert [seq for seq, _ in store.results_since(job.id, 2)] == [3, 4]
+    report = store.report(job.id)
+    assert report.summary.total == 4 and [c.impl for c in report.cases][:2] == ["torch",
+                                                                               "te_style"]
+
+
+def test_requeue_sends_only_unfinished_impls_and_gives_up(store):
+    job, _ = _create(store, spec={**SPEC, "suites": [{**SPEC["suites"][0],
+                                                      "params": {"T": 8, "Hh": 2, "D": 4}}]})
+    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
+    store.record_result(job.id, _result(claim, "torch"))
+    assert store.requeue_group(job.id, claim.group.group_id, reason="gone", max_attempts=2)
+    again = store.claim_group(worker="w2", owner="o", lease_s=60)
+    assert again.group.impls == ["te_style"] and again.attempt == 2
+    assert not store.requeue_group(job.id, again.group.group_id, reason="gone",
+                                   max_attempts=2)
+    j = store.get_job(job.id)
+    assert j.state == "finished" and j.counts == {**j.counts, "passed": 1, "error": 1}
+    lost = [c for c in store.case_results(job.id) if c.status == "error"]
+    assert lost[0].message.startswith("worker lost: gone")
+
+
+def test_expired_lease_is_requeued_and_release(store):
+    job, _ = _create(store)
+    claim = store.claim_group(worker="w1", owner="dead-api", lease_s=0.01)
+    time.sleep(0.05)
+    assert store.requeue_expired(max_attempts=3) == [(job.id, claim.group.group_id)]
+    c2 = store.claim_group(worker="w1", owner="new", lease_s=60)
+    store.release_group(job.id, c2.group.group_id, owner="new")
+    c3 = store.claim_group(worker="w1", owner="new", lease_s=60)
+    assert c3.group.group_id == c2.group.group_id and c3.attempt == c2.attempt
+
+
+def test_cancel_skips_the_rest(store):
+    job, _ = _create(store)
+    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
+    store.record_result(job.id, _result(claim, "torch"))
+    cancelled, running = store.cancel_job(job.id)
+    assert running == [(job.id, claim.group.group_id)]
+    assert cancelled.state == "cancelled" and cancelled.done == 4
+    assert cancelled.counts["skipped"] == 3
+    assert store.claim_group(worker="w1", owner="o", lease_s=60) is None
+    assert store.record_result(job.id, _result(claim, "te_style")) is None
+
+
+def test_list_filters_and_pages(store):
+    ids = [_create(store)[0].id for _ in range(3)]
+    _create(store, spec={**SPEC, "name": "other", "labels": {"repo": "x"}})
+    assert [j.id for j in store.list_jobs(name="store-test")] == ids[::-1]
+    assert len(store.list_jobs(labels={"repo": "kassay", "branch": "main"})) == 3
+    assert store.list_jobs(labels={"repo": "nope"}) == []
+    page = store.list_jobs(limit=2)
+    rest = store.list_jobs(limit=10, before=page[-1].seq)
+    assert len(page) == 2 and len(rest) == 2
+    assert store.list_jobs(state="finished") == []
