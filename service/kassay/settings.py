@@ -43,12 +43,14 @@ class Settings(BaseSettings):
     open_reads: bool = Field(True, description="reads need no token even when tokens are set")
     max_body_bytes: int = Field(1_000_000, gt=0)
     lease_s: float = Field(
-        600.0, gt=0,
+        600.0,
+        gt=0,
         description="a dispatcher renews the lease of each group it runs; a group whose lease "
         "ran out (its API died) is requeued",
     )
     stall_s: float = Field(
-        900.0, gt=0,
+        900.0,
+        gt=0,
         description="a worker that sends nothing on a running group for this long is lost",
     )
     max_attempts: int = Field(3, ge=1)

@@ -23,8 +23,15 @@ def _fp16_out(outs: torch.Tensor, lses: torch.Tensor, **kw: Any) -> Any:
 
 register(Impl("lse_merge", "t_raise", as_run(_raise, None)), replace=True)
 register(Impl("lse_merge", "t_fp16", as_run(_fp16_out, None)), replace=True)
-register(Impl("lse_merge", "t_never", as_run(merge_torch, None),
-              supports=lambda p, d: "never supported here"), replace=True)
+register(
+    Impl(
+        "lse_merge",
+        "t_never",
+        as_run(merge_torch, None),
+        supports=lambda p, d: "never supported here",
+    ),
+    replace=True,
+)
 
 
 def _group(impls: list[str], **kw: Any) -> GroupSpec:
@@ -34,8 +41,9 @@ def _group(impls: list[str], **kw: Any) -> GroupSpec:
 
 
 def test_statuses_and_messages() -> None:
-    res = run_group(_group(["torch", "te_style", "t_raise", "t_never", "t_fp16"]), device="cpu",
-                    ceilings=False)
+    res = run_group(
+        _group(["torch", "te_style", "t_raise", "t_never", "t_fp16"]), device="cpu", ceilings=False
+    )
     by = {r.impl: r for r in res}
     assert [r.impl for r in res] == ["torch", "te_style", "t_raise", "t_never", "t_fp16"]
     assert by["torch"].status == "passed"
@@ -62,9 +70,13 @@ def test_baseline_runs_even_when_not_listed() -> None:
 
 def test_callbacks_fire_in_order() -> None:
     seen: list[str] = []
-    run_group(_group(["t_raise", "torch"], timing=TimingPolicy(enabled=False)), device="cpu",
-              on_start=lambda cid: seen.append("start " + cid),
-              on_result=lambda r: seen.append("done " + r.case_id), ceilings=False)
+    run_group(
+        _group(["t_raise", "torch"], timing=TimingPolicy(enabled=False)),
+        device="cpu",
+        on_start=lambda cid: seen.append("start " + cid),
+        on_result=lambda r: seen.append("done " + r.case_id),
+        ceilings=False,
+    )
     # the baseline runs first so its errors can set the others' tolerance
     assert seen == ["start g:torch", "done g:torch", "start g:t_raise", "done g:t_raise"]
 

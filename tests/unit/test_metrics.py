@@ -32,8 +32,11 @@ def test_worst_indices_are_multidimensional() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_ulp_counts_representable_steps(dtype: torch.dtype) -> None:
     one = torch.tensor([1.0], dtype=dtype)
-    nxt = torch.nextafter(one.float(), torch.tensor([2.0])).to(dtype) if dtype == torch.float32 \
+    nxt = (
+        torch.nextafter(one.float(), torch.tensor([2.0])).to(dtype)
+        if dtype == torch.float32
         else (one.view(torch.int16) + 3).view(dtype)
+    )
     m = compare(nxt, torch.tensor([1.0], dtype=torch.float64), atol=0, rtol=0)
     assert m.max_ulp == (1 if dtype == torch.float32 else 3)
 

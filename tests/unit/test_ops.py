@@ -18,28 +18,40 @@ def _autograd_flce(inputs: dict, p) -> dict:
     if p.softcap is not None:
         z = p.softcap * torch.tanh(z / p.softcap)
     t = inputs["target"]
-    loss = F.cross_entropy(z, t, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing,
-                           reduction=p.reduction)
+    loss = F.cross_entropy(
+        z, t, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing, reduction=p.reduction
+    )
     valid = (t != p.ignore_index).double()
     zl = p.z_loss_scale * torch.logsumexp(z, -1) ** 2 * valid
-    zl = zl if p.reduction == "none" else zl.sum() / (valid.sum() if p.reduction == "mean"
-                                                      else 1.0)
+    zl = zl if p.reduction == "none" else zl.sum() / (valid.sum() if p.reduction == "mean" else 1.0)
     total = loss + zl
     total.backward(inputs["grad_output"].double().expand_as(total))
-    out = {"loss": total.detach(), "z_loss": zl.detach(), "grad_input": x.grad,
-           "grad_weight": w.grad}
+    out = {
+        "loss": total.detach(),
+        "z_loss": zl.detach(),
+        "grad_input": x.grad,
+        "grad_weight": w.grad,
+    }
     if b is not None:
         out["grad_bias"] = b.grad
     return out
 
 
-@pytest.mark.parametrize("opts", [
-    {},
-    {"bias": True, "reduction": "sum", "label_smoothing": 0.1},
-    {"reduction": "none", "softcap": 5.0, "z_loss_scale": 1e-3, "ignore_fraction": 0.3,
-     "return_z_loss": True},
-    {"bias": True, "label_smoothing": 0.2, "z_loss_scale": 0.01, "ignore_fraction": 0.5},
-])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"bias": True, "reduction": "sum", "label_smoothing": 0.1},
+        {
+            "reduction": "none",
+            "softcap": 5.0,
+            "z_loss_scale": 1e-3,
+            "ignore_fraction": 0.3,
+            "return_z_loss": True,
+        },
+        {"bias": True, "label_smoothing": 0.2, "z_loss_scale": 0.01, "ignore_fraction": 0.5},
+    ],
+)
 def test_flce_reference_matches_torch_autograd_float64(opts: dict) -> None:
     op = get_op("flce")
     p = op.parse_params({"N": 37, "H": 19, "V": 53, "dtype": "float32", **opts})
@@ -93,8 +105,9 @@ def test_inputs_are_deterministic_and_seed_dependent() -> None:
 @pytest.mark.parametrize("regime", ["normal", "huge", "empty_rows", "fa2_inf"])
 def test_lse_merge_reference_matches_logsumexp(layout: str, regime: str) -> None:
     op = get_op("lse_merge")
-    p = op.parse_params({"T": 32, "Hh": 3, "D": 4, "K": 3, "dtype": "float32",
-                         "lse_layout": layout})
+    p = op.parse_params(
+        {"T": 32, "Hh": 3, "D": 4, "K": 3, "dtype": "float32", "lse_layout": layout}
+    )
     inp = op.make_inputs(p, regime, 0, CPU)
     ref = op.reference(inp, p)
     lses = lse_to_th(inp["lses"], layout).double()
@@ -116,8 +129,17 @@ def test_lse_merge_reference_matches_logsumexp(layout: str, regime: str) -> None
 
 def test_lse_merge_second_half_keeps_first_half_of_state0() -> None:
     op = get_op("lse_merge")
-    p = op.parse_params({"T": 10, "Hh": 2, "D": 4, "K": 3, "dtype": "float32",
-                         "mode": "step_second_half", "lse_layout": "Th"})
+    p = op.parse_params(
+        {
+            "T": 10,
+            "Hh": 2,
+            "D": 4,
+            "K": 3,
+            "dtype": "float32",
+            "mode": "step_second_half",
+            "lse_layout": "Th",
+        }
+    )
     inp = op.make_inputs(p, "fa2_inf", 0, CPU)
     ref = op.reference(inp, p)
     assert torch.equal(ref["out"][:5], inp["outs"][0, :5].double())

@@ -8,8 +8,11 @@ def test_every_known_bug_has_a_mutant_with_a_probe() -> None:
     load(mutants=True)
     mutants = {(i.op, i.name) for i in list_impls(include_mutants=True) if i.kind == "mutant"}
     assert {(p.op, p.mutant) for p in PROBES} == mutants
-    bugs = {i.bug.split(":")[0] for i in list_impls(include_mutants=True) if i.kind == "mutant"
-            and i.bug}
+    bugs = {
+        i.bug.split(":")[0]
+        for i in list_impls(include_mutants=True)
+        if i.kind == "mutant" and i.bug
+    }
     assert bugs == {str(n) for n in range(1, 11)}
     assert not any(i.kind == "mutant" for i in list_impls())  # hidden by default
 
@@ -17,7 +20,8 @@ def test_every_known_bug_has_a_mutant_with_a_probe() -> None:
 def test_selftest_detects_all_and_flags_no_correct_impl() -> None:
     result = run_selftest(device="cpu")
     assert result.line().startswith(f"detected {len(PROBES)}/{len(PROBES)} mutants")
-    assert result.n_false == 0, [(c.impl, c.message) for p in result.probes
-                                 for c in p.false_failures]
+    assert result.n_false == 0, [
+        (c.impl, c.message) for p in result.probes for c in p.false_failures
+    ]
     assert result.n_correct >= len(PROBES) - 1
     assert result.ok

@@ -23,7 +23,11 @@ def test_grid_expands_cartesian_product() -> None:
     assert count_cases(spec) == 2 * 2 * 2 * 2 * 2
     assert len(groups) == 16
     assert {(g.params["K"], g.params["dtype"]) for g in groups} == {
-        (2, "float32"), (3, "float32"), (2, "float16"), (3, "float16")}
+        (2, "float32"),
+        (3, "float32"),
+        (2, "float16"),
+        (3, "float16"),
+    }
     assert len({g.group_id for g in groups}) == 16
     assert groups[0].case_ids()[0].endswith(":torch")
     # defaults of the op are filled in
@@ -31,8 +35,9 @@ def test_grid_expands_cartesian_product() -> None:
 
 
 def test_group_ids_are_stable() -> None:
-    assert [g.group_id for g in expand(parse_spec(SPEC))] == \
-        [g.group_id for g in expand(parse_spec(SPEC))]
+    assert [g.group_id for g in expand(parse_spec(SPEC))] == [
+        g.group_id for g in expand(parse_spec(SPEC))
+    ]
 
 
 def test_case_cap() -> None:
@@ -56,7 +61,7 @@ def test_bad_params_name_the_field_and_grid_point() -> None:
 def test_unknown_names_list_the_known_ones() -> None:
     with pytest.raises(UnknownOpError, match="known ops: flce, lse_merge"):
         expand(parse_spec(SPEC.replace("op: lse_merge", "op: softmax")))
-    with pytest.raises(UnknownImplError, match="known impls:.*ring_style.*torch"):
+    with pytest.raises(UnknownImplError, match=r"known impls:.*ring_style.*torch"):
         expand(parse_spec(SPEC.replace("te_style", "te_styel")))
     with pytest.raises(InvalidSpecError, match="known regimes: normal, huge"):
         expand(parse_spec(SPEC.replace("[normal, huge]", "[normal, enormous]")))

@@ -13,11 +13,19 @@ from kassay.kernels.flce import fused_linear_cross_entropy
 from kassay.ops.flce import FlceParams
 
 
-def _loss(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None,
-          p: FlceParams) -> Any:
+def _loss(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     return fused_linear_cross_entropy(
-        x, w, target, b, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing,
-        reduction=p.reduction, softcap=p.softcap, z_loss_scale=p.z_loss_scale,
+        x,
+        w,
+        target,
+        b,
+        ignore_index=p.ignore_index,
+        label_smoothing=p.label_smoothing,
+        reduction=p.reduction,
+        softcap=p.softcap,
+        z_loss_scale=p.z_loss_scale,
         return_z_loss=p.return_z_loss,
     )
 
@@ -29,6 +37,12 @@ def _supports(p: FlceParams, device: torch.device) -> str | None:
     return None
 
 
-register(Impl("flce", "kassay", flce_harness.as_run(_loss),
-              "kassay's Triton fused linear cross-entropy (chunked, gradients in forward)",
-              _supports))
+register(
+    Impl(
+        "flce",
+        "kassay",
+        flce_harness.as_run(_loss),
+        "kassay's Triton fused linear cross-entropy (chunked, gradients in forward)",
+        _supports,
+    )
+)

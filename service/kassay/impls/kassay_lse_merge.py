@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 
@@ -11,18 +11,39 @@ from kassay.impls.registry import Impl, register
 from kassay.kernels.lse_merge import merge_state_, merge_states
 
 
-def _merge(outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str,
-           accumulate: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _merge(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     # The kernel always accumulates in float32 registers: `accumulate` changes nothing here.
-    return merge_states(outs, lses, lse_layout=lse_layout)
+    return merge_states(outs, lses, lse_layout=cast(Literal["hT", "Th"], lse_layout))
 
 
-def _update(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
-            lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
-            acc: torch.Tensor | None) -> Any:
-    return merge_state_(out, lse, out_step, lse_step, lse_layout=lse_layout,
-                        second_half=second_half, acc=acc)
+def _update(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    out_step: torch.Tensor,
+    lse_step: torch.Tensor,
+    *,
+    lse_layout: str,
+    second_half: bool,
+    acc: torch.Tensor | None,
+) -> Any:
+    return merge_state_(
+        out,
+        lse,
+        out_step,
+        lse_step,
+        lse_layout=cast(Literal["hT", "Th"], lse_layout),
+        second_half=second_half,
+        acc=acc,
+    )
 
 
-register(Impl("lse_merge", "kassay", lse_harness.as_run(_merge, _update),
-              "kassay's Triton merge: K-way and in-place, float32 accumulation"))
+register(
+    Impl(
+        "lse_merge",
+        "kassay",
+        lse_harness.as_run(_merge, _update),
+        "kassay's Triton merge: K-way and in-place, float32 accumulation",
+    )
+)

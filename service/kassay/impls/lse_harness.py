@@ -48,8 +48,15 @@ def as_run(merge: MergeFn | None = None, update: UpdateFn | None = None):
         half = p.mode == "step_second_half"
         h = p.T // 2 if half else 0
         for i in range(1, p.K):
-            update(acc_out, acc_lse, outs[i, h:], lse_seq_slice(lses[i], p.lse_layout, h),
-                   lse_layout=p.lse_layout, second_half=half, acc=acc)
+            update(
+                acc_out,
+                acc_lse,
+                outs[i, h:],
+                lse_seq_slice(lses[i], p.lse_layout, h),
+                lse_layout=p.lse_layout,
+                second_half=half,
+                acc=acc,
+            )
         return {"out": acc_out, "lse": acc_lse}
 
     return run

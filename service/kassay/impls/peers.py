@@ -26,21 +26,41 @@ def _cuda_only(name: str):
 
 if importlib.util.find_spec("liger_kernel") is not None:
 
-    def _liger(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-               b: torch.Tensor | None, p: FlceParams) -> Any:
+    def _liger(
+        x: torch.Tensor,
+        w: torch.Tensor,
+        target: torch.Tensor,
+        b: torch.Tensor | None,
+        p: FlceParams,
+    ) -> Any:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
         res = liger_fused_linear_cross_entropy(
-            x, w, target, b, ignore_index=p.ignore_index, lse_square_scale=p.z_loss_scale,
-            label_smoothing=p.label_smoothing, reduction=p.reduction, softcap=p.softcap,
+            x,
+            w,
+            target,
+            b,
+            ignore_index=p.ignore_index,
+            lse_square_scale=p.z_loss_scale,
+            label_smoothing=p.label_smoothing,
+            reduction=p.reduction,
+            softcap=p.softcap,
             return_z_loss=p.return_z_loss,
         )
         if hasattr(res, "loss"):  # newer releases return a CrossEntropyOutput
             return (res.loss, res.z_loss) if p.return_z_loss else res.loss
         return res
 
-    register(Impl("flce", "liger", flce_harness.as_run(_liger),
-                  "Liger-Kernel LigerFusedLinearCrossEntropy", _cuda_only("Liger-Kernel"), "peer"))
+    register(
+        Impl(
+            "flce",
+            "liger",
+            flce_harness.as_run(_liger),
+            "Liger-Kernel LigerFusedLinearCrossEntropy",
+            _cuda_only("Liger-Kernel"),
+            "peer",
+        )
+    )
 
 
 if importlib.util.find_spec("cut_cross_entropy") is not None:
@@ -52,12 +72,32 @@ if importlib.util.find_spec("cut_cross_entropy") is not None:
             return "Cut Cross-Entropy has no label smoothing or z-loss"
         return None
 
-    def _cce(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-             b: torch.Tensor | None, p: FlceParams) -> Any:
+    def _cce(
+        x: torch.Tensor,
+        w: torch.Tensor,
+        target: torch.Tensor,
+        b: torch.Tensor | None,
+        p: FlceParams,
+    ) -> Any:
         from cut_cross_entropy import linear_cross_entropy
 
-        return linear_cross_entropy(x, w, target, bias=b, ignore_index=p.ignore_index,
-                                    softcap=p.softcap, reduction=p.reduction)
+        return linear_cross_entropy(
+            x,
+            w,
+            target,
+            bias=b,
+            ignore_index=p.ignore_index,
+            softcap=p.softcap,
+            reduction=p.reduction,
+        )
 
-    register(Impl("flce", "cce", flce_harness.as_run(_cce), "Apple's Cut Cross-Entropy",
-                  _cce_supports, "peer"))
+    register(
+        Impl(
+            "flce",
+            "cce",
+            flce_harness.as_run(_cce),
+            "Apple's Cut Cross-Entropy",
+            _cce_supports,
+            "peer",
+        )
+    )

@@ -99,16 +99,29 @@ def load(*, mutants: bool = False, testing: bool = False, plugins: bool = True) 
 
 
 def _as_plugin(impl: Impl) -> Impl:
-    return Impl(impl.op, impl.name, impl.run, impl.description, impl.supports, "plugin",
-                impl.bug, impl.exposes)
+    return Impl(
+        impl.op,
+        impl.name,
+        impl.run,
+        impl.description,
+        impl.supports,
+        "plugin",
+        impl.bug,
+        impl.exposes,
+    )
 
 
-def get_impl(op: str, name: str, *, include_mutants: bool = False,
-             include_testing: bool = False) -> Impl:
+def get_impl(
+    op: str, name: str, *, include_mutants: bool = False, include_testing: bool = False
+) -> Impl:
     impl = _REGISTRY.get((op, name))
     if impl is None or not _visible(impl, include_mutants, include_testing):
-        known = [i.name for i in list_impls(op, include_mutants=include_mutants,
-                                            include_testing=include_testing)]
+        known = [
+            i.name
+            for i in list_impls(
+                op, include_mutants=include_mutants, include_testing=include_testing
+            )
+        ]
         raise UnknownImplError(
             f"unknown impl {name!r} for op {op!r}; known impls: {', '.join(known) or '(none)'}",
             details={"field": "impls", "op": op, "allowed": known},
@@ -116,10 +129,14 @@ def get_impl(op: str, name: str, *, include_mutants: bool = False,
     return impl
 
 
-def list_impls(op: str | None = None, *, include_mutants: bool = False,
-               include_testing: bool = False) -> list[Impl]:
+def list_impls(
+    op: str | None = None, *, include_mutants: bool = False, include_testing: bool = False
+) -> list[Impl]:
     return sorted(
-        (i for i in _REGISTRY.values()
-         if (op is None or i.op == op) and _visible(i, include_mutants, include_testing)),
+        (
+            i
+            for i in _REGISTRY.values()
+            if (op is None or i.op == op) and _visible(i, include_mutants, include_testing)
+        ),
         key=lambda i: (i.op, i.name),
     )

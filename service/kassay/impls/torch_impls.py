@@ -19,14 +19,20 @@ from kassay.ops.lse_merge import LseMergeParams
 # ----------------------------------------------------------------------------------------- flce
 
 
-def flce_eager(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None,
-               p: FlceParams) -> Any:
+def flce_eager(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     """Eager PyTorch: F.linear in the case dtype, then CE on float32 logits (the usual recipe)."""
     z = F.linear(x, w, b).float()
     if p.softcap is not None:
         z = p.softcap * torch.tanh(z / p.softcap)
-    loss = F.cross_entropy(z, target, ignore_index=p.ignore_index,
-                           label_smoothing=p.label_smoothing, reduction=p.reduction)
+    loss = F.cross_entropy(
+        z,
+        target,
+        ignore_index=p.ignore_index,
+        label_smoothing=p.label_smoothing,
+        reduction=p.reduction,
+    )
     if p.z_loss_scale == 0 and not p.return_z_loss:
         return loss
     valid = target != p.ignore_index
@@ -34,22 +40,35 @@ def flce_eager(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.
     return loss + zl, zl
 
 
-register(Impl("flce", "torch", flce_harness.as_run(flce_eager),
-              "eager PyTorch: F.linear + F.cross_entropy on float32 logits (the baseline)"))
+register(
+    Impl(
+        "flce",
+        "torch",
+        flce_harness.as_run(flce_eager),
+        "eager PyTorch: F.linear + F.cross_entropy on float32 logits (the baseline)",
+    )
+)
 
 _compiled: dict[Any, Any] = {}
 
 
-def _flce_compiled(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                   b: torch.Tensor | None, p: FlceParams) -> Any:
+def _flce_compiled(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     fn = _compiled.get(p)
     if fn is None:
         fn = _compiled[p] = torch.compile(flce_eager, dynamic=False)
     return fn(x, w, target, b, p)
 
 
-register(Impl("flce", "torch_compile", flce_harness.as_run(_flce_compiled),
-              "torch.compile of the eager baseline (inductor)"))
+register(
+    Impl(
+        "flce",
+        "torch_compile",
+        flce_harness.as_run(_flce_compiled),
+        "torch.compile of the eager baseline (inductor)",
+    )
+)
 
 
 def _native_supports(p: FlceParams, _device: torch.device) -> str | None:
@@ -60,16 +79,31 @@ def _native_supports(p: FlceParams, _device: torch.device) -> str | None:
     return None
 
 
-def _flce_native(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                 b: torch.Tensor | None, p: FlceParams) -> Any:
+def _flce_native(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     return F.linear_cross_entropy(  # type: ignore[attr-defined]
-        x, w, target, linear_bias=b, reduction=p.reduction, ignore_index=p.ignore_index,
-        label_smoothing=p.label_smoothing, options=torch.nn.LinearCrossEntropyOptions(),  # type: ignore[attr-defined]
+        x,
+        w,
+        target,
+        linear_bias=b,
+        reduction=p.reduction,
+        ignore_index=p.ignore_index,
+        label_smoothing=p.label_smoothing,
+        options=torch.nn.LinearCrossEntropyOptions(),  # type: ignore[attr-defined]
     )
 
 
-register(Impl("flce", "torch_native", flce_harness.as_run(_flce_native),
-              "torch's own F.linear_cross_entropy, chunked path", _native_supports, "peer"))
+register(
+    Impl(
+        "flce",
+        "torch_native",
+        flce_harness.as_run(_flce_native),
+        "torch's own F.linear_cross_entropy, chunked path",
+        _native_supports,
+        "peer",
+    )
+)
 
 # ------------------------------------------------------------------------------------ lse_merge
 
@@ -82,8 +116,9 @@ def _empty_to_neginf(lse: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isposinf(lse), torch.full_like(lse, -torch.inf), lse)
 
 
-def merge_torch(outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str,
-                accumulate: str) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_torch(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """K-way merge with float32 weights. accumulate='out' sums the weighted states in the out
     dtype (one rounding per state), 'float32' in float32."""
     lse = _empty_to_neginf(_th(lses, lse_layout).float())  # [K, T, Hh]
@@ -101,9 +136,16 @@ def merge_torch(outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str,
     return out.to(outs.dtype), lse_res
 
 
-def update_torch(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
-                 lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
-                 acc: torch.Tensor | None) -> None:
+def update_torch(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    out_step: torch.Tensor,
+    lse_step: torch.Tensor,
+    *,
+    lse_layout: str,
+    second_half: bool,
+    acc: torch.Tensor | None,
+) -> None:
     """In-place step in float32, guarding empty rows (both -inf -> stays -inf, out unchanged)."""
     h = out.shape[0] - out_step.shape[0] if second_half else 0
     o = out[h:]
@@ -126,13 +168,26 @@ def update_torch(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
     lv.copy_(res_lse)
 
 
-register(Impl("lse_merge", "torch", lse_harness.as_run(merge_torch, update_torch),
-              "eager PyTorch, float32 weights, empty rows guarded (the baseline)"))
+register(
+    Impl(
+        "lse_merge",
+        "torch",
+        lse_harness.as_run(merge_torch, update_torch),
+        "eager PyTorch, float32 weights, empty rows guarded (the baseline)",
+    )
+)
 
 
-def update_te_style(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
-                    lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
-                    acc: torch.Tensor | None) -> None:
+def update_te_style(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    out_step: torch.Tensor,
+    lse_step: torch.Tensor,
+    *,
+    lse_layout: str,
+    second_half: bool,
+    acc: torch.Tensor | None,
+) -> None:
     """TransformerEngine's fixed formula: new = max + log1p(exp(min - max)), applied in place;
     out scaled by exp(lse - new) in float32. Like the original, rows empty in both states give
     NaN (-inf - -inf) and +inf marks are not special-cased."""
@@ -157,13 +212,28 @@ def _steps_only(p: LseMergeParams, _d: torch.device) -> str | None:
     return "published as an in-place step update only" if p.mode == "merge" else None
 
 
-register(Impl("lse_merge", "te_style", lse_harness.as_run(None, update_te_style),
-              "TransformerEngine-style torch ops (max + log1p, in place)", _steps_only, "peer"))
+register(
+    Impl(
+        "lse_merge",
+        "te_style",
+        lse_harness.as_run(None, update_te_style),
+        "TransformerEngine-style torch ops (max + log1p, in place)",
+        _steps_only,
+        "peer",
+    )
+)
 
 
-def update_ring_style(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
-                      lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
-                      acc: torch.Tensor | None) -> None:
+def update_ring_style(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    out_step: torch.Tensor,
+    lse_step: torch.Tensor,
+    *,
+    lse_layout: str,
+    second_half: bool,
+    acc: torch.Tensor | None,
+) -> None:
     """ring-flash-attention's update: out -= sigmoid(l_new - l) * (out - out_new);
     lse -= logsigmoid(l - l_new). Float32 math; empty rows are not special-cased."""
     h = out.shape[0] - out_step.shape[0] if second_half else 0
@@ -179,5 +249,13 @@ def update_ring_style(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tens
     lv.copy_(new_lse)
 
 
-register(Impl("lse_merge", "ring_style", lse_harness.as_run(None, update_ring_style),
-              "ring-flash-attention-style torch ops (sigmoid / logsigmoid)", _steps_only, "peer"))
+register(
+    Impl(
+        "lse_merge",
+        "ring_style",
+        lse_harness.as_run(None, update_ring_style),
+        "ring-flash-attention-style torch ops (sigmoid / logsigmoid)",
+        _steps_only,
+        "peer",
+    )
+)

@@ -4,15 +4,18 @@ Only ``@triton.jit`` code and constexpr tuning live here; the launchers that che
 allocate and launch are in :mod:`kassay.kernels.lse_merge`.
 
 Every LSE is a natural logarithm. A state's weight is ``exp(lse_k - m) / sum_j exp(lse_j - m)``
-with ``m`` the row's largest finite LSE, so no exponent is ever taken of an unshifted LSE and
-``|lse|`` up to float32's range is safe. A row is addressed by (batch ``b``, sequence position
-``s``, head ``h``); the kernels receive the strides of every tensor along those three axes, which
-is all the layouts ("hT" = [..., Hh, S], "Th" = [..., S, Hh]) and non-contiguous views differ by.
-The head dimension ``D`` must be contiguous (stride 1).
+with ``m`` the row's largest LSE, so no exponent is ever taken of an unshifted LSE and ``|lse|``
+up to float32's range is safe. A row is addressed by (batch ``b``, sequence position ``s``, head
+``h``); the kernels receive the strides of every input along those three axes, which is all the
+layouts ("hT" = [..., Hh, S], "Th" = [..., S, Hh]) and non-contiguous views differ by. The head
+dimension ``D`` must be contiguous (stride 1).
 
-Grid: axis 0 walks blocks of ``BLOCK_R`` rows of one batch entry (row = s * Hh + h, or
-h * S + s with ``HEAD_MAJOR``), axis 1 the batch entries. Row indices stay in int32 (the launcher checks ``S * Hh`` fits); everything that
-multiplies a stride is int64.
+Grid: one axis. Program ``pid`` takes batch entry ``pid // n_tiles`` and, inside it, a tile of
+``BLOCK_T`` consecutive tokens x ``BLOCK_H`` consecutive heads (``BLOCK_R = BLOCK_T * BLOCK_H``
+rows of ``D``). Tiles walk the heads of a token block first, so programs that run together cover
+one contiguous stretch of the outs. With the LSE contiguous along S ("hT") the launcher picks
+``BLOCK_T = 8``: each head's LSEs in a tile are one whole 32-byte sector. Row indices stay in
+int32 (the launcher checks S and Hh fit); everything that multiplies a stride is int64.
 """
 
 from __future__ import annotations
@@ -21,14 +24,14 @@ import triton
 import triton.language as tl
 
 # Elements (rows x padded D) one program handles per state, and warps per program, by default.
-# Chosen from the H200 sweep recorded in bench/NOTES-lse_merge.md.
-DEFAULT_BLOCK_ELEMS = 4096
+# Chosen from the H200 sweeps recorded in bench/NOTES-lse_merge.md.
+DEFAULT_BLOCK_ELEMS = 2048
 DEFAULT_NUM_WARPS = 4
 # Skip loading a state's out row whose weight is zero (empty state): saves bandwidth on empty
 # rows and keeps garbage (NaN) in an empty state's out from leaking into the result.
 DEFAULT_SKIP_EMPTY_LOADS = True
-# Row order inside a batch entry: False = (s, h) row-major like the outs, True = head-major.
-DEFAULT_HEAD_MAJOR = False
+# Tokens per tile when the LSE is contiguous along S: 8 x 4 bytes = one 32-byte sector.
+DEFAULT_TILE_TOKENS_CONTIGUOUS_S = 8
 
 
 @triton.jit
@@ -40,11 +43,28 @@ def _load_lse(ptrs, rmask, POSINF_IS_EMPTY: tl.constexpr):
 
 
 @triton.jit
+def _tile_rows(S, HH, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.constexpr):
+    """(batch, s, h, row mask) of this program's tile; b, s, h as int64."""
+    pid = tl.program_id(0)
+    n_hb = tl.cdiv(HH, BLOCK_H)
+    n_tiles = tl.cdiv(S, BLOCK_T) * n_hb
+    b = pid // n_tiles
+    tile = pid - b * n_tiles
+    tb = tile // n_hb
+    hb = tile - tb * n_hb
+    r = tl.arange(0, BLOCK_R)
+    s = tb * BLOCK_T + r // BLOCK_H
+    h = hb * BLOCK_H + r % BLOCK_H
+    rmask = (s < S) & (h < HH)
+    return b.to(tl.int64), s.to(tl.int64), h.to(tl.int64), rmask
+
+
+@triton.jit
 def _merge_states_kernel(
-    out_ptr,  # [B, S, Hh, D] result, out dtype
-    lse_out_ptr,  # result lse, float32, addressed by (b, s, h) strides
-    outs_ptr,  # [K, B, S, Hh, D] states
-    lses_ptr,  # [K, B, (S, Hh) in either order] float32
+    out_ptr,  # [B, S, Hh, D] result, out dtype, contiguous
+    lse_out_ptr,  # [B, Hh, S] (LSE_OUT_HT) or [B, S, Hh] result, float32, contiguous
+    outs_ptr,  # [K, B, S, Hh, D] states, any strides but D contiguous
+    lses_ptr,  # [K, B, (S, Hh) in either order] float32, any strides
     S,
     HH,
     D,
@@ -56,31 +76,18 @@ def _merge_states_kernel(
     s_lb,
     s_ls,
     s_lh,  # lses strides (k, b, s, h)
-    s_ob,
-    s_os,
-    s_oh,  # out strides (b, s, h)
-    s_zb,
-    s_zs,
-    s_zh,  # lse_out strides (b, s, h)
     K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr,
+    LSE_OUT_HT: tl.constexpr,
     POSINF_IS_EMPTY: tl.constexpr,
     ACC_IN_OUT_DTYPE: tl.constexpr,
     SKIP_EMPTY_LOADS: tl.constexpr,
-    HEAD_MAJOR: tl.constexpr,
 ):
-    pid_r = tl.program_id(0)
-    pid_b = tl.program_id(1).to(tl.int64)
-    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < S * HH
-    if HEAD_MAJOR:  # row = h * S + s: a block walks consecutive tokens of one head
-        h = (rows // S).to(tl.int64)
-        s = (rows % S).to(tl.int64)
-    else:  # row = s * Hh + h: a block walks the heads of consecutive tokens
-        s = (rows // HH).to(tl.int64)
-        h = (rows % HH).to(tl.int64)
+    b, s, h, rmask = _tile_rows(S, HH, BLOCK_T, BLOCK_H, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     if EVEN_D:  # noqa: SIM108 (a constexpr branch; only the taken one is compiled)
         # No column mask: keeps the mask constant along D so loads stay 16 bytes wide.
@@ -88,8 +95,8 @@ def _merge_states_kernel(
     else:
         full = rmask[:, None] & (d < D)[None, :]
 
-    lse_rows = lses_ptr + pid_b * s_lb + s * s_ls + h * s_lh
-    in_rows = outs_ptr + pid_b * s_ib + s * s_is + h * s_ih
+    lse_rows = lses_ptr + b * s_lb + s * s_ls + h * s_lh
+    in_rows = outs_ptr + b * s_ib + s * s_is + h * s_ih
     s_lk64 = tl.cast(s_lk, tl.int64)  # tl.cast: the arg may be specialised to a constexpr 1
     s_ik64 = tl.cast(s_ik, tl.int64)
 
@@ -99,7 +106,7 @@ def _merge_states_kernel(
         m = tl.maximum(m, _load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY))
     m_safe = tl.where(tl.abs(m) == float("inf"), 0.0, m)
 
-    # Pass 2: the shifted sum (each term in (0, 1], the largest exactly 1).
+    # Pass 2: the shifted sum (each term in [0, 1], the largest exactly 1).
     ssum = tl.zeros([BLOCK_R], tl.float32)
     for k in tl.static_range(K):
         ssum += tl.exp(_load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY) - m_safe)
@@ -124,9 +131,13 @@ def _merge_states_kernel(
         if ACC_IN_OUT_DTYPE:
             acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
 
-    o_ptrs = out_ptr + (pid_b * s_ob + s * s_os + h * s_oh)[:, None] + d[None, :]
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=full)
-    tl.store(lse_out_ptr + pid_b * s_zb + s * s_zs + h * s_zh, lse, mask=rmask)
+    o_rows = ((b * S + s) * HH + h) * D
+    tl.store(out_ptr + o_rows[:, None] + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=full)
+    if LSE_OUT_HT:
+        z_rows = (b * HH + h) * S + s
+    else:
+        z_rows = (b * S + s) * HH + h
+    tl.store(lse_out_ptr + z_rows, lse, mask=rmask)
 
 
 @triton.jit
@@ -134,9 +145,10 @@ def _merge_state_inplace_kernel(
     out_ptr,  # [B, S, Hh, D] accumulator, read and written (out dtype)
     lse_ptr,  # accumulator lse, float32, read and written
     acc_ptr,  # [B, S, Hh, D] float32 accumulator (read instead of out) when HAS_ACC
-    step_ptr,  # [B, S, Hh, D] new partial out
+    step_ptr,  # [B, S_STEP, Hh, D] new partial out
     step_lse_ptr,  # new partial lse, float32
-    S,
+    S_STEP,
+    S_OFF,  # first accumulator position updated (S // 2 for a second-half update, else 0)
     HH,
     D,
     s_ob,
@@ -154,61 +166,51 @@ def _merge_state_inplace_kernel(
     s_qb,
     s_qs,
     s_qh,  # step lse strides
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr,
     POSINF_IS_EMPTY: tl.constexpr,
     HAS_ACC: tl.constexpr,
     SKIP_EMPTY_LOADS: tl.constexpr,
-    HEAD_MAJOR: tl.constexpr,
 ):
-    pid_r = tl.program_id(0)
-    pid_b = tl.program_id(1).to(tl.int64)
-    rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-    rmask = rows < S * HH
-    if HEAD_MAJOR:  # row = h * S + s: a block walks consecutive tokens of one head
-        h = (rows // S).to(tl.int64)
-        s = (rows % S).to(tl.int64)
-    else:  # row = s * Hh + h: a block walks the heads of consecutive tokens
-        s = (rows // HH).to(tl.int64)
-        h = (rows % HH).to(tl.int64)
+    b, s, h, rmask = _tile_rows(S_STEP, HH, BLOCK_T, BLOCK_H, BLOCK_R)
+    sa = s + S_OFF  # position in the accumulator
     d = tl.arange(0, BLOCK_D)
     if EVEN_D:  # noqa: SIM108 (a constexpr branch; only the taken one is compiled)
-        # No column mask: keeps the mask constant along D so loads stay 16 bytes wide.
         full = rmask[:, None]
     else:
         full = rmask[:, None] & (d < D)[None, :]
 
-    lse_ptrs = lse_ptr + pid_b * s_lb + s * s_ls + h * s_lh
+    lse_ptrs = lse_ptr + b * s_lb + sa * s_ls + h * s_lh
     a = _load_lse(lse_ptrs, rmask, POSINF_IS_EMPTY)
-    b = _load_lse(step_lse_ptr + pid_b * s_qb + s * s_qs + h * s_qh, rmask, POSINF_IS_EMPTY)
-    m = tl.maximum(a, b)
+    c = _load_lse(step_lse_ptr + b * s_qb + s * s_qs + h * s_qh, rmask, POSINF_IS_EMPTY)
+    m = tl.maximum(a, c)
     m_safe = tl.where(tl.abs(m) == float("inf"), 0.0, m)
     ea = tl.exp(a - m_safe)
-    eb = tl.exp(b - m_safe)
-    ssum = ea + eb
+    ec = tl.exp(c - m_safe)
+    ssum = ea + ec
     inv = tl.where(ssum == 0.0, 0.0, 1.0 / ssum)
     wa = ea * inv
-    wb = eb * inv
+    wc = ec * inv
     lse = tl.where(ssum == 0.0, float("-inf"), m_safe + tl.log(ssum))
 
-    o_ptrs = out_ptr + (pid_b * s_ob + s * s_os + h * s_oh)[:, None] + d[None, :]
-    p_ptrs = step_ptr + (pid_b * s_pb + s * s_ps + h * s_ph)[:, None] + d[None, :]
+    o_ptrs = out_ptr + (b * s_ob + sa * s_os + h * s_oh)[:, None] + d[None, :]
+    p_ptrs = step_ptr + (b * s_pb + s * s_ps + h * s_ph)[:, None] + d[None, :]
     if HAS_ACC:
-        prev_ptrs = acc_ptr + (pid_b * s_ab + s * s_as + h * s_ah)[:, None] + d[None, :]
+        prev_ptrs = acc_ptr + (b * s_ab + sa * s_as + h * s_ah)[:, None] + d[None, :]
     else:
         prev_ptrs = o_ptrs
     if SKIP_EMPTY_LOADS:
         x = tl.load(prev_ptrs, mask=full & (wa > 0.0)[:, None], other=0.0)
-        y = tl.load(
-            p_ptrs, mask=full & (wb > 0.0)[:, None], other=0.0, eviction_policy="evict_first"
-        )
-        res = wa[:, None] * x.to(tl.float32) + wb[:, None] * y.to(tl.float32)
+        y = tl.load(p_ptrs, mask=full & (wc > 0.0)[:, None], other=0.0, eviction_policy="evict_first")
+        res = wa[:, None] * x.to(tl.float32) + wc[:, None] * y.to(tl.float32)
     else:
         x = tl.load(prev_ptrs, mask=full, other=0.0)
         y = tl.load(p_ptrs, mask=full, other=0.0, eviction_policy="evict_first")
         res = tl.where((wa > 0.0)[:, None], wa[:, None] * x.to(tl.float32), 0.0)
-        res += tl.where((wb > 0.0)[:, None], wb[:, None] * y.to(tl.float32), 0.0)
+        res += tl.where((wc > 0.0)[:, None], wc[:, None] * y.to(tl.float32), 0.0)
 
     if HAS_ACC:
         tl.store(prev_ptrs, res, mask=full)

@@ -37,21 +37,24 @@ LseLayout = Literal["hT", "Th"]
 Accumulate = Literal["float32", "out_dtype"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MAX_GRID_Y = 65535
-_INT32_MAX = 2**31 - 1
+_MAX_S_HH = 2**31 - 2**20
 
 __all__ = ["LaunchConfig", "merge_state_", "merge_states"]
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Tuning of one launch: elements (rows x padded D) per program, warps, empty-load skip,
-    row order (head-major or token-major)."""
+    """Tuning of one launch (the benchmark sweeps these; results do not depend on them).
+
+    block_elems: rows x padded D one program handles per state; num_warps: warps per program;
+    skip_empty_loads: do not read the out rows of empty states (weight 0); tile_tokens: tokens
+    per tile (0 = auto: 8 when the LSE is contiguous along S, else 1).
+    """
 
     block_elems: int = _k.DEFAULT_BLOCK_ELEMS
     num_warps: int = _k.DEFAULT_NUM_WARPS
     skip_empty_loads: bool = _k.DEFAULT_SKIP_EMPTY_LOADS
-    head_major: bool = _k.DEFAULT_HEAD_MAJOR
+    tile_tokens: int = 0
 
 
 _DEFAULT_CONFIG = LaunchConfig()
@@ -61,7 +64,7 @@ _DEFAULT_CONFIG = LaunchConfig()
 
 
 def _check_layout(lse_layout: str) -> None:
-    if lse_layout not in ("hT", "Th"):
+    if lse_layout != "hT" and lse_layout != "Th":
         raise ValueError(
             f"lse_layout must be 'hT' ([..., Hh, S]) or 'Th' ([..., S, Hh]), got {lse_layout!r}"
         )
@@ -73,10 +76,8 @@ def _check_out_tensor(name: str, t: torch.Tensor, *, min_dim: int = 3) -> None:
     if t.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     if t.dim() < min_dim:
-        raise ValueError(
-            f"{name} must have at least {min_dim} dims ([..., S, Hh, D]), got {t.dim()}"
-        )
-    if t.shape[-1] > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must have at least {min_dim} dims ([..., S, Hh, D]), got {t.dim()}")
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
         raise ValueError(
             f"{name} must be contiguous in its last dim D (stride 1), got strides {t.stride()}; "
             "call .contiguous() first"
@@ -101,50 +102,58 @@ def _lse_bsh(lse: torch.Tensor, lse_layout: str) -> torch.Tensor:
     return lse.transpose(-1, -2) if lse_layout == "hT" else lse
 
 
-def _flat_batch(t: torch.Tensor, start: int, nb: int) -> torch.Tensor | None:
-    """Merge dims [start, start + nb) of ``t`` into one (a view), or None when strides forbid."""
-    shape = list(t.shape)
-    merged = 1
-    for n in shape[start : start + nb]:
-        merged *= n
-    new_shape = [*shape[:start], merged, *shape[start + nb :]]
-    try:
-        return t.view(new_shape)
-    except RuntimeError:
-        return None
+def _batch_stride(t: torch.Tensor, start: int, nb: int) -> int | None:
+    """Stride of dims [start, start + nb) of ``t`` merged into one, or None if they do not merge.
+
+    Pure arithmetic on the strides (no views: the launch path stays cheap on the host).
+    """
+    shape, strides = t.shape, t.stride()
+    merged: int | None = None
+    prev_stride = 0
+    for i in range(start + nb - 1, start - 1, -1):
+        n = shape[i]
+        if n == 1:
+            continue
+        if merged is None:
+            merged = strides[i]
+        elif strides[i] != prev_stride:
+            return None
+        prev_stride = strides[i] * n
+    return 0 if merged is None else merged
+
+
+def _seq_head_strides(t: torch.Tensor, lse_layout: str | None) -> tuple[int, int]:
+    """(stride along S, stride along Hh) of an out tensor (layout None) or an LSE tensor."""
+    st = t.stride()
+    if lse_layout is None:
+        return st[-3], st[-2]
+    return (st[-1], st[-2]) if lse_layout == "hT" else (st[-2], st[-1])
+
+
+def _tile(s: int, hh: int, block_d: int, lse_s_stride: int, cfg: LaunchConfig) -> tuple[int, int]:
+    """(BLOCK_T, BLOCK_H) for a tile of about cfg.block_elems elements per state."""
+    block_r = max(1, cfg.block_elems // block_d)
+    sp, hp = triton.next_power_of_2(max(s, 1)), triton.next_power_of_2(max(hh, 1))
+    want_t = cfg.tile_tokens or (
+        _k.DEFAULT_TILE_TOKENS_CONTIGUOUS_S if lse_s_stride == 1 and s > 1 else 1
+    )
+    bt = min(sp, want_t, block_r)
+    bh = min(hp, max(1, block_r // bt))
+    bt = min(sp, max(1, block_r // bh))
+    return bt, bh
 
 
 def _foreach_batch(
-    tensors: list[torch.Tensor],
-    starts: list[int],
-    nb: int,
-    fn: Callable[[list[torch.Tensor]], None],
+    tensors: list[torch.Tensor], starts: list[int], nb: int, fn: Callable[[list[torch.Tensor]], None]
 ) -> None:
-    """Call ``fn`` with views that each have exactly one batch dim at its start position.
-
-    The ``nb`` batch dims (beginning at ``starts[i]`` in ``tensors[i]``) are merged into one when
-    every tensor's strides allow it, else the first batch dim is walked in Python (one launch per
-    index) and the rest handled recursively. No data is ever copied.
-    """
-    if nb == 0:
-        fn([t.unsqueeze(st) for t, st in zip(tensors, starts, strict=True)])
-        return
-    views = [_flat_batch(t, st, nb) for t, st in zip(tensors, starts, strict=True)]
-    if all(v is not None for v in views):
-        fn([v for v in views if v is not None])
+    """Slow path for batch dims whose strides cannot be merged into one: walk the first batch
+    dim in Python (one launch per index) until the remaining ones merge. No data is copied."""
+    if nb == 0 or all(_batch_stride(t, st, nb) is not None for t, st in zip(tensors, starts)):
+        fn(tensors)
         return
     for i in range(tensors[0].shape[starts[0]]):
         sub = [t.select(st, i) for t, st in zip(tensors, starts, strict=True)]
         _foreach_batch(sub, starts, nb - 1, fn)
-
-
-def _block_rows(rows: int, block_d: int, cfg: LaunchConfig) -> int:
-    br = max(1, cfg.block_elems // block_d)
-    return min(br, triton.next_power_of_2(max(rows, 1)))
-
-
-def _grid_chunks(nbatch: int) -> list[tuple[int, int]]:
-    return [(b0, min(nbatch, b0 + _MAX_GRID_Y) - b0) for b0 in range(0, nbatch, _MAX_GRID_Y)]
 
 
 # ------------------------------------------------------------------------------- K-way merge

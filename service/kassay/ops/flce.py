@@ -137,8 +137,12 @@ class FlceOp(Op):
         grad_w = torch.zeros(p.V, p.H, dtype=torch.float64, device=dev)
         grad_b = torch.zeros(p.V, dtype=torch.float64, device=dev) if bias is not None else None
         if p.reduction == "mean":
-            row_scale = torch.full((p.N,), 1.0 / n_valid if n_valid else 0.0,
-                                   dtype=torch.float64, device=dev) * go
+            row_scale = (
+                torch.full(
+                    (p.N,), 1.0 / n_valid if n_valid else 0.0, dtype=torch.float64, device=dev
+                )
+                * go
+            )
         elif p.reduction == "sum":
             row_scale = torch.ones(p.N, dtype=torch.float64, device=dev) * go
         else:

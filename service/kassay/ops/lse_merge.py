@@ -96,16 +96,22 @@ class LseMergeOp(Op):
             # A shared per-row magnitude up to 1e4 (either sign) plus a spread of a few units,
             # so states stay comparable: exp of any unshifted lse overflows even in float64.
             mag = torch.rand(p.T, p.Hh, generator=generator(seed, device, 3), device=device)
-            sign = torch.randint(0, 2, (p.T, p.Hh), generator=generator(seed, device, 4),
-                                 device=device) * 2 - 1
+            sign = (
+                torch.randint(
+                    0, 2, (p.T, p.Hh), generator=generator(seed, device, 4), device=device
+                )
+                * 2
+                - 1
+            )
             lse = lse * 3.0 + (sign * (1e3 + 9e3 * mag))[None]
         else:
             lse = lse * 2.0 + 3.0
         if regime in ("empty_rows", "fa2_inf"):
             mark = torch.inf if regime == "fa2_inf" else -torch.inf
             u = torch.rand(p.T, p.Hh, generator=generator(seed, device, 5), device=device)
-            which = torch.randint(0, p.K, (p.T, p.Hh), generator=generator(seed, device, 6),
-                                  device=device)
+            which = torch.randint(
+                0, p.K, (p.T, p.Hh), generator=generator(seed, device, 6), device=device
+            )
             one_empty = u < 0.2  # ~20% of rows: one state empty
             all_empty = u > 0.9  # ~10% of rows: every state empty
             k_idx = torch.arange(p.K, device=device)[:, None, None]

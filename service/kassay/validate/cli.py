@@ -60,16 +60,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     settings = get_settings()
     try:
-        report = run_job(spec, device=args.device,
-                         max_cases=args.max_cases or settings.max_cases,
-                         include_mutants=settings.enable_mutants,
-                         include_testing=settings.enable_test_impls, on_result=show)
+        report = run_job(
+            spec,
+            device=args.device,
+            max_cases=args.max_cases or settings.max_cases,
+            include_mutants=settings.enable_mutants,
+            include_testing=settings.enable_test_impls,
+            on_result=show,
+        )
     except KassayError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         return EXIT_ERRORS
     Console().print(summary_table(report))
-    for fmt, path in (("json", args.json_out), ("junit", args.junit),
-                      ("markdown", args.markdown), ("html", args.html)):
+    for fmt, path in (
+        ("json", args.json_out),
+        ("junit", args.junit),
+        ("markdown", args.markdown),
+        ("html", args.html),
+    ):
         if path:
             Path(path).write_text(reports.render(report, fmt))
     return exit_code(report.summary)

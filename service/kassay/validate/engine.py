@@ -62,8 +62,9 @@ class _Run:
         self.outputs, self.error, self.peak = outputs, error, peak
 
 
-def _call(impl: Impl, inputs: Tensors, params: Any, device: torch.device,
-          poison_bytes: int) -> _Run:
+def _call(
+    impl: Impl, inputs: Tensors, params: Any, device: torch.device, poison_bytes: int
+) -> _Run:
     _poison_allocator(device, poison_bytes)
     before = 0
     if device.type == "cuda":
@@ -83,23 +84,49 @@ def _call(impl: Impl, inputs: Tensors, params: Any, device: torch.device,
     return _Run(outs, None, peak)
 
 
-def _metrics_for(spec: OutputSpec, out: torch.Tensor | None, ref: torch.Tensor,
-                 group: GroupSpec, base: RawMetrics | None, floor: tuple[float, float],
-                 is_baseline: bool = False) -> tuple[OutputMetrics, RawMetrics | None]:
+def _metrics_for(
+    spec: OutputSpec,
+    out: torch.Tensor | None,
+    ref: torch.Tensor,
+    group: GroupSpec,
+    base: RawMetrics | None,
+    floor: tuple[float, float],
+    is_baseline: bool = False,
+) -> tuple[OutputMetrics, RawMetrics | None]:
     atol, rtol = tolerances(group.tolerance, spec.dtype)
     if out is None:
         return OutputMetrics(
-            name=spec.name, dtype="-", expected_dtype=str(spec.dtype).replace("torch.", ""),
-            shape=list(ref.shape), max_abs=float("nan"), max_rel=float("nan"),
-            rel_l2=float("nan"), max_ulp=float("nan"), nan=0, inf=0, ref_nan=0, ref_inf=0,
-            passed=False, reason="output missing", policy=group.tolerance.policy,
+            name=spec.name,
+            dtype="-",
+            expected_dtype=str(spec.dtype).replace("torch.", ""),
+            shape=list(ref.shape),
+            max_abs=float("nan"),
+            max_rel=float("nan"),
+            rel_l2=float("nan"),
+            max_ulp=float("nan"),
+            nan=0,
+            inf=0,
+            ref_nan=0,
+            ref_inf=0,
+            passed=False,
+            reason="output missing",
+            policy=group.tolerance.policy,
         ), None
     if tuple(out.shape) != tuple(ref.shape):
         return OutputMetrics(
-            name=spec.name, dtype=str(out.dtype).replace("torch.", ""),
-            expected_dtype=str(spec.dtype).replace("torch.", ""), shape=list(out.shape),
-            max_abs=float("nan"), max_rel=float("nan"), rel_l2=float("nan"),
-            max_ulp=float("nan"), nan=0, inf=0, ref_nan=0, ref_inf=0, passed=False,
+            name=spec.name,
+            dtype=str(out.dtype).replace("torch.", ""),
+            expected_dtype=str(spec.dtype).replace("torch.", ""),
+            shape=list(out.shape),
+            max_abs=float("nan"),
+            max_rel=float("nan"),
+            rel_l2=float("nan"),
+            max_ulp=float("nan"),
+            nan=0,
+            inf=0,
+            ref_nan=0,
+            ref_inf=0,
+            passed=False,
             reason=f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}",
             policy=group.tolerance.policy,
         ), None
@@ -107,19 +134,36 @@ def _metrics_for(spec: OutputSpec, out: torch.Tensor | None, ref: torch.Tensor,
     if is_baseline:
         base = raw  # the baseline meets its own bar unless NaN/Inf, zeros or a wrong dtype
     dtype_ok = not spec.strict_dtype or out.dtype == spec.dtype
-    v = judge(raw, policy=group.tolerance, base=base, floor=floor, dtype_ok=dtype_ok,
-              dtype_msg=f"dtype {out.dtype} but the op requires {spec.dtype}")
+    v = judge(
+        raw,
+        policy=group.tolerance,
+        base=base,
+        floor=floor,
+        dtype_ok=dtype_ok,
+        dtype_msg=f"dtype {out.dtype} but the op requires {spec.dtype}",
+    )
     return OutputMetrics(
-        name=spec.name, dtype=str(out.dtype).replace("torch.", ""),
-        expected_dtype=str(spec.dtype).replace("torch.", ""), shape=list(out.shape),
-        max_abs=raw.max_abs, max_rel=raw.max_rel, rel_l2=raw.rel_l2, max_ulp=raw.max_ulp,
-        nan=raw.nan, inf=raw.inf, ref_nan=raw.ref_nan, ref_inf=raw.ref_inf, n_bad=raw.n_bad,
+        name=spec.name,
+        dtype=str(out.dtype).replace("torch.", ""),
+        expected_dtype=str(spec.dtype).replace("torch.", ""),
+        shape=list(out.shape),
+        max_abs=raw.max_abs,
+        max_rel=raw.max_rel,
+        rel_l2=raw.rel_l2,
+        max_ulp=raw.max_ulp,
+        nan=raw.nan,
+        inf=raw.inf,
+        ref_nan=raw.ref_nan,
+        ref_inf=raw.ref_inf,
+        n_bad=raw.n_bad,
         worst=[WorstEntry(index=i, value=o, reference=r, abs_err=e) for i, o, r, e in raw.worst],
-        policy=v.policy, threshold_max_abs=v.threshold_max_abs,
+        policy=v.policy,
+        threshold_max_abs=v.threshold_max_abs,
         threshold_rel_l2=v.threshold_rel_l2,
         baseline_max_abs=base.max_abs if base is not None else None,
         baseline_rel_l2=base.rel_l2 if base is not None else None,
-        passed=v.passed, reason=v.reason,
+        passed=v.passed,
+        reason=v.reason,
     ), raw
 
 
@@ -131,16 +175,25 @@ def _throughput(t: TimingStats, op: Op, params: Any, ceilings: dict[str, float] 
     t.tflops = flops / sec / 1e12
     t.gbps = nbytes / sec / 1e9
     if ceilings:
-        floor_s = max(flops / (ceilings["matmul_tflops"] * 1e12),
-                      nbytes / (ceilings["copy_gbps"] * 1e9))
+        floor_s = max(
+            flops / (ceilings["matmul_tflops"] * 1e12), nbytes / (ceilings["copy_gbps"] * 1e9)
+        )
         t.roofline_fraction = floor_s / sec
 
 
 class GroupRunner:
     """Runs the cases of one group; kept as an object so inputs and reference are built once."""
 
-    def __init__(self, group: GroupSpec, device: torch.device, *, include_mutants: bool,
-                 include_testing: bool, worker: str | None, ceilings: bool) -> None:
+    def __init__(
+        self,
+        group: GroupSpec,
+        device: torch.device,
+        *,
+        include_mutants: bool,
+        include_testing: bool,
+        worker: str | None,
+        ceilings: bool,
+    ) -> None:
         self.group = group
         self.device = device
         self.worker = worker
@@ -160,12 +213,21 @@ class GroupRunner:
     def _result(self, impl_name: str, status: str, message: str = "", **kw: Any) -> CaseResult:
         g = self.group
         return CaseResult(
-            case_id=case_id(g.group_id, impl_name), group_id=g.group_id,
-            suite_index=g.suite_index, op=g.op, impl=impl_name, params=g.params,
-            regime=g.regime, seed=g.seed, dtype=self.op.case_dtype(self.params),
+            case_id=case_id(g.group_id, impl_name),
+            group_id=g.group_id,
+            suite_index=g.suite_index,
+            op=g.op,
+            impl=impl_name,
+            params=g.params,
+            regime=g.regime,
+            seed=g.seed,
+            dtype=self.op.case_dtype(self.params),
             status=status,  # type: ignore[arg-type]
-            message=message, worker=self.worker, device=str(self.device),
-            environment=self.env, **kw,
+            message=message,
+            worker=self.worker,
+            device=str(self.device),
+            environment=self.env,
+            **kw,
         )
 
     def run_case(self, impl_name: str, *, is_baseline: bool = False) -> CaseResult:
@@ -178,23 +240,37 @@ class GroupRunner:
         if run.error is not None or run.outputs is None:
             if is_baseline:
                 self.base_raw = dict.fromkeys(self.floors)
-            return self._result(impl_name, "error", run.error or "no outputs",
-                                duration_s=time.perf_counter() - t0)
+            return self._result(
+                impl_name, "error", run.error or "no outputs", duration_s=time.perf_counter() - t0
+            )
         outputs: list[OutputMetrics] = []
         for spec in self.specs:
-            om, raw = _metrics_for(spec, run.outputs.get(spec.name), self.ref[spec.name],
-                                   self.group, self.base_raw.get(spec.name),
-                                   self.floors[spec.name], is_baseline)
+            om, raw = _metrics_for(
+                spec,
+                run.outputs.get(spec.name),
+                self.ref[spec.name],
+                self.group,
+                self.base_raw.get(spec.name),
+                self.floors[spec.name],
+                is_baseline,
+            )
             if is_baseline:
                 self.base_raw[spec.name] = raw
             outputs.append(om)
         model = self.op.unavoidable_bytes(self.params)
         if run.peak is not None:
-            memory = MemoryStats(measured=True, peak_extra_bytes=run.peak, model_bytes=model,
-                                 ratio_to_model=run.peak / model if model else None)
+            memory = MemoryStats(
+                measured=True,
+                peak_extra_bytes=run.peak,
+                model_bytes=model,
+                ratio_to_model=run.peak / model if model else None,
+            )
         else:
-            memory = MemoryStats(measured=False, model_bytes=model,
-                                 note="peak memory is measured on CUDA devices only")
+            memory = MemoryStats(
+                measured=False,
+                model_bytes=model,
+                note="peak memory is measured on CUDA devices only",
+            )
         del run
         failed = [o for o in outputs if not o.passed]
         status = "failed" if failed else "passed"
@@ -202,8 +278,9 @@ class GroupRunner:
         timing = None
         if self.group.timing.enabled:
             try:
-                timing = time_call(lambda: impl.run(self.inputs, self.params), self.device,
-                                   self.group.timing)
+                timing = time_call(
+                    lambda: impl.run(self.inputs, self.params), self.device, self.group.timing
+                )
                 _throughput(timing, self.op, self.params, self.ceilings)
                 if is_baseline:
                     self.base_median = timing.median_ms
@@ -215,21 +292,40 @@ class GroupRunner:
         gc.collect()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-        return self._result(impl_name, status, message, outputs=outputs, timing=timing,
-                            memory=memory, duration_s=time.perf_counter() - t0)
+        return self._result(
+            impl_name,
+            status,
+            message,
+            outputs=outputs,
+            timing=timing,
+            memory=memory,
+            duration_s=time.perf_counter() - t0,
+        )
 
 
-def run_group(group: GroupSpec, *, device: str | torch.device = "auto",
-              include_mutants: bool = False, include_testing: bool = False,
-              on_start: Callable[[str], None] | None = None,
-              on_result: Callable[[CaseResult], None] | None = None,
-              worker: str | None = None, ceilings: bool = True) -> list[CaseResult]:
+def run_group(
+    group: GroupSpec,
+    *,
+    device: str | torch.device = "auto",
+    include_mutants: bool = False,
+    include_testing: bool = False,
+    on_start: Callable[[str], None] | None = None,
+    on_result: Callable[[CaseResult], None] | None = None,
+    worker: str | None = None,
+    ceilings: bool = True,
+) -> list[CaseResult]:
     """Run every impl of `group`; results come back in the group's impl order, and also one by
     one through on_result as they finish (on_start fires before each case)."""
     load(mutants=include_mutants, testing=include_testing)
     dev = resolve_device(device)
-    runner = GroupRunner(group, dev, include_mutants=include_mutants,
-                         include_testing=include_testing, worker=worker, ceilings=ceilings)
+    runner = GroupRunner(
+        group,
+        dev,
+        include_mutants=include_mutants,
+        include_testing=include_testing,
+        worker=worker,
+        ceilings=ceilings,
+    )
     order = list(group.impls)
     if group.baseline in order:
         order.remove(group.baseline)
@@ -237,8 +333,9 @@ def run_group(group: GroupSpec, *, device: str | torch.device = "auto",
     else:
         base = runner.run_case(group.baseline, is_baseline=True)
         if base.status not in ("passed", "failed"):
-            log.info("baseline %s unusable for %s: %s", group.baseline, group.group_id,
-                     base.message)
+            log.info(
+                "baseline %s unusable for %s: %s", group.baseline, group.group_id, base.message
+            )
     results: dict[str, CaseResult] = {}
     for name in order:
         if on_start is not None:

@@ -32,7 +32,10 @@ def _nvidia_smi(index: int) -> dict[str, str]:
     try:
         out = subprocess.run(
             ["nvidia-smi", f"--id={index}", f"--query-gpu={fields}", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return {}
@@ -58,7 +61,14 @@ def environment(device: torch.device) -> Environment:
         name = platform.processor() or platform.machine() or "cpu"
         clocks, driver, cuda = {}, None, None
     return Environment(
-        device=str(device), device_name=name, driver=driver, cuda=cuda,
-        torch=torch.__version__, triton=triton_version, kassay=__version__,
-        python=platform.python_version(), hostname=socket.gethostname(), clocks=clocks,
+        device=str(device),
+        device_name=name,
+        driver=driver,
+        cuda=cuda,
+        torch=torch.__version__,
+        triton=triton_version,
+        kassay=__version__,
+        python=platform.python_version(),
+        hostname=socket.gethostname(),
+        clocks=clocks,
     )

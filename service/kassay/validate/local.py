@@ -11,20 +11,41 @@ from kassay.validate.results import CaseResult, Report, Summary
 from kassay.validate.spec import DEFAULT_MAX_CASES, JobSpec, expand
 
 
-def run_job(spec: JobSpec, *, device: str = "auto", max_cases: int = DEFAULT_MAX_CASES,
-            include_mutants: bool = False, include_testing: bool = False,
-            on_result: Callable[[CaseResult], None] | None = None,
-            ceilings: bool = True) -> Report:
-    groups = expand(spec, max_cases=max_cases, include_mutants=include_mutants,
-                    include_testing=include_testing)
+def run_job(
+    spec: JobSpec,
+    *,
+    device: str = "auto",
+    max_cases: int = DEFAULT_MAX_CASES,
+    include_mutants: bool = False,
+    include_testing: bool = False,
+    on_result: Callable[[CaseResult], None] | None = None,
+    ceilings: bool = True,
+) -> Report:
+    groups = expand(
+        spec, max_cases=max_cases, include_mutants=include_mutants, include_testing=include_testing
+    )
     dev = resolve_device(device)
     created = datetime.now(timezone.utc)
     cases: list[CaseResult] = []
     for g in groups:
-        cases.extend(run_group(g, device=dev, include_mutants=include_mutants,
-                               include_testing=include_testing, on_result=on_result,
-                               worker="local", ceilings=ceilings))
+        cases.extend(
+            run_group(
+                g,
+                device=dev,
+                include_mutants=include_mutants,
+                include_testing=include_testing,
+                on_result=on_result,
+                worker="local",
+                ceilings=ceilings,
+            )
+        )
     env = environment(dev)
-    return Report(name=spec.name, labels=spec.labels, created_at=created,
-                  finished_at=datetime.now(timezone.utc), environments=[env],
-                  summary=Summary.of(cases), cases=cases)
+    return Report(
+        name=spec.name,
+        labels=spec.labels,
+        created_at=created,
+        finished_at=datetime.now(timezone.utc),
+        environments=[env],
+        summary=Summary.of(cases),
+        cases=cases,
+    )

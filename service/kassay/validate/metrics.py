@@ -21,8 +21,12 @@ from dataclasses import dataclass, field
 import torch
 
 _CHUNK = 1 << 24  # elements per chunk (128 MiB of float64)
-_INT_VIEW = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16,
-             torch.float64: torch.int64}
+_INT_VIEW = {
+    torch.float32: torch.int32,
+    torch.float16: torch.int16,
+    torch.bfloat16: torch.int16,
+    torch.float64: torch.int64,
+}
 
 
 @dataclass
@@ -58,7 +62,7 @@ def rounding_error(ref: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]
     r2 = 0.0
     flat = ref.reshape(-1)
     for s in range(0, flat.numel(), _CHUNK):
-        r = flat[s:s + _CHUNK]
+        r = flat[s : s + _CHUNK]
         fin = torch.isfinite(r)
         r = torch.where(fin, r, torch.zeros_like(r))
         d = (r.to(dtype).double() - r).abs()
@@ -70,12 +74,14 @@ def rounding_error(ref: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]
     return max_abs, (d2**0.5 / r2**0.5) if r2 > 0 else 0.0
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, *, atol: float, rtol: float,
-            n_worst: int = 5) -> RawMetrics:
+def compare(
+    out: torch.Tensor, ref: torch.Tensor, *, atol: float, rtol: float, n_worst: int = 5
+) -> RawMetrics:
     """Metrics of `out` (any float dtype) against `ref` (float64, same shape)."""
     if tuple(out.shape) != tuple(ref.shape):
-        raise ValueError(f"shape {tuple(out.shape)} differs from the reference's "
-                         f"{tuple(ref.shape)}")
+        raise ValueError(
+            f"shape {tuple(out.shape)} differs from the reference's {tuple(ref.shape)}"
+        )
     m = RawMetrics()
     o_flat = out.detach().reshape(-1)
     r_flat = ref.detach().reshape(-1).to(out.device)
@@ -83,7 +89,7 @@ def compare(out: torch.Tensor, ref: torch.Tensor, *, atol: float, rtol: float,
     # First pass: norms and the rms of the reference (the max_rel floor).
     r2 = 0.0
     for s in range(0, n, _CHUNK):
-        r = r_flat[s:s + _CHUNK]
+        r = r_flat[s : s + _CHUNK]
         rf = torch.where(torch.isfinite(r), r, torch.zeros_like(r))
         r2 += float((rf * rf).sum())
     rms = (r2 / max(n, 1)) ** 0.5
@@ -94,8 +100,8 @@ def compare(out: torch.Tensor, ref: torch.Tensor, *, atol: float, rtol: float,
     cand: list[tuple[float, int, float, float]] = []
     ulp_ok = out.dtype in _INT_VIEW
     for s in range(0, n, _CHUNK):
-        o = o_flat[s:s + _CHUNK]
-        r = r_flat[s:s + _CHUNK]
+        o = o_flat[s : s + _CHUNK]
+        r = r_flat[s : s + _CHUNK]
         o64 = o.double()
         o_fin, r_fin = torch.isfinite(o64), torch.isfinite(r)
         m.nan += int(torch.isnan(o64).sum())

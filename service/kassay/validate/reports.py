@@ -11,8 +11,12 @@ from collections import defaultdict
 from kassay.validate.results import CaseResult, Report
 
 FORMATS = ("json", "junit", "markdown", "html")
-MEDIA_TYPES = {"json": "application/json", "junit": "application/xml",
-               "markdown": "text/markdown", "html": "text/html"}
+MEDIA_TYPES = {
+    "json": "application/json",
+    "junit": "application/xml",
+    "markdown": "text/markdown",
+    "html": "text/html",
+}
 
 
 def render(report: Report, fmt: str) -> str:
@@ -40,31 +44,40 @@ def worst_output(c: CaseResult) -> str:
     failing = [o for o in c.outputs if not o.passed] or c.outputs
     if not failing:
         return c.message
-    o = max(failing, key=lambda o: (o.rel_l2 if o.rel_l2 == o.rel_l2 else float("inf")))
+    o = max(failing, key=lambda o: o.rel_l2 if o.rel_l2 == o.rel_l2 else float("inf"))
     thr = f" (limit {o.threshold_rel_l2:.3g})" if o.threshold_rel_l2 is not None else ""
-    return (f"{o.name}: rel_l2={o.rel_l2:.3g}{thr} max_abs={o.max_abs:.3g} "
-            f"max_ulp={o.max_ulp:.0f} nan={o.nan} inf={o.inf}")
+    return (
+        f"{o.name}: rel_l2={o.rel_l2:.3g}{thr} max_abs={o.max_abs:.3g} "
+        f"max_ulp={o.max_ulp:.0f} nan={o.nan} inf={o.inf}"
+    )
 
 
 def to_junit(report: Report) -> str:
-    suites = ET.Element("testsuites", name=report.name, tests=str(report.summary.total),
-                        failures=str(report.summary.failed),
-                        errors=str(report.summary.error + report.summary.crashed
-                                   + report.summary.timeout))
+    suites = ET.Element(
+        "testsuites",
+        name=report.name,
+        tests=str(report.summary.total),
+        failures=str(report.summary.failed),
+        errors=str(report.summary.error + report.summary.crashed + report.summary.timeout),
+    )
     by_op: dict[str, list[CaseResult]] = defaultdict(list)
     for c in report.cases:
         by_op[c.op].append(c)
     for op, cases in by_op.items():
-        ts = ET.SubElement(suites, "testsuite", name=op, tests=str(len(cases)),
-                           failures=str(sum(c.status == "failed" for c in cases)),
-                           errors=str(sum(c.status in ("error", "crashed", "timeout")
-                                          for c in cases)),
-                           skipped=str(sum(c.status in ("unsupported", "skipped")
-                                           for c in cases)))
+        ts = ET.SubElement(
+            suites,
+            "testsuite",
+            name=op,
+            tests=str(len(cases)),
+            failures=str(sum(c.status == "failed" for c in cases)),
+            errors=str(sum(c.status in ("error", "crashed", "timeout") for c in cases)),
+            skipped=str(sum(c.status in ("unsupported", "skipped") for c in cases)),
+        )
         for c in cases:
             t = c.timing.median_ms / 1e3 if c.timing else c.duration_s
-            tc = ET.SubElement(ts, "testcase", classname=f"{c.op}.{c.impl}", name=c.label(),
-                               time=f"{t:.6f}")
+            tc = ET.SubElement(
+                ts, "testcase", classname=f"{c.op}.{c.impl}", name=c.label(), time=f"{t:.6f}"
+            )
             if c.status == "failed":
                 f = ET.SubElement(tc, "failure", message=c.message[:500], type="tolerance")
                 f.text = "\n".join(worst_output_lines(c))
@@ -81,8 +94,10 @@ def worst_output_lines(c: CaseResult) -> list[str]:
     lines = []
     for o in c.outputs:
         mark = "ok  " if o.passed else "FAIL"
-        lines.append(f"{mark} {o.name} [{o.dtype}]: max_abs={o.max_abs:.3g} rel_l2={o.rel_l2:.3g}"
-                     f" max_ulp={o.max_ulp:.0f} nan={o.nan} inf={o.inf} {o.reason}")
+        lines.append(
+            f"{mark} {o.name} [{o.dtype}]: max_abs={o.max_abs:.3g} rel_l2={o.rel_l2:.3g}"
+            f" max_ulp={o.max_ulp:.0f} nan={o.nan} inf={o.inf} {o.reason}"
+        )
         for w in o.worst[:3] if not o.passed else []:
             lines.append(f"      at {w.index}: got {w.value:.6g}, want {w.reference:.6g}")
     return lines
@@ -102,48 +117,73 @@ def to_markdown(report: Report) -> str:
     if report.labels:
         out.append(" ".join(f"`{k}={v}`" for k, v in sorted(report.labels.items())))
         out.append("")
-    out.append(f"**{s.total} cases**: {s.passed} passed, {s.failed} failed, {s.error} error, "
-               f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
-               f"{s.skipped} skipped")
+    out.append(
+        f"**{s.total} cases**: {s.passed} passed, {s.failed} failed, {s.error} error, "
+        f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
+        f"{s.skipped} skipped"
+    )
     out.append("")
-    out += ["| op | impl | cases | passed | failed | error/crash/timeout | unsupported |",
-            "|---|---|---|---|---|---|---|"]
+    out += [
+        "| op | impl | cases | passed | failed | error/crash/timeout | unsupported |",
+        "|---|---|---|---|---|---|---|",
+    ]
     agg: dict[tuple[str, str], list[CaseResult]] = defaultdict(list)
     for c in report.cases:
         agg[(c.op, c.impl)].append(c)
     for (op, impl), cs in sorted(agg.items()):
-        out.append(f"| {op} | {impl} | {len(cs)} | {sum(c.status == 'passed' for c in cs)} | "
-                   f"{sum(c.status == 'failed' for c in cs)} | "
-                   f"{sum(c.status in ('error', 'crashed', 'timeout') for c in cs)} | "
-                   f"{sum(c.status in ('unsupported', 'skipped') for c in cs)} |")
+        out.append(
+            f"| {op} | {impl} | {len(cs)} | {sum(c.status == 'passed' for c in cs)} | "
+            f"{sum(c.status == 'failed' for c in cs)} | "
+            f"{sum(c.status in ('error', 'crashed', 'timeout') for c in cs)} | "
+            f"{sum(c.status in ('unsupported', 'skipped') for c in cs)} |"
+        )
     bad = [c for c in report.cases if c.status in ("failed", "error", "crashed", "timeout")]
     if bad:
-        out += ["", "### Not passing", "", "| op.impl | case | status | worst |",
-                "|---|---|---|---|"]
+        out += [
+            "",
+            "### Not passing",
+            "",
+            "| op.impl | case | status | worst |",
+            "|---|---|---|---|",
+        ]
         for c in bad[:50]:
             detail = worst_output(c) if c.status == "failed" else c.message
-            out.append(f"| {c.op}.{c.impl} | {c.label()} | {c.status} | "
-                       f"{detail.replace('|', '/')[:200]} |")
+            out.append(
+                f"| {c.op}.{c.impl} | {c.label()} | {c.status} | {detail.replace('|', '/')[:200]} |"
+            )
         if len(bad) > 50:
             out.append(f"| … | {len(bad) - 50} more | | |")
     timed = [c for c in report.cases if c.timing]
     if timed:
-        out += ["", "### Timing", "", "| op.impl | case | dtype | median ms | TFLOP/s | GB/s | "
-                "roofline | vs baseline | peak extra MiB |", "|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "### Timing",
+            "",
+            "| op.impl | case | dtype | median ms | TFLOP/s | GB/s | "
+            "roofline | vs baseline | peak extra MiB |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for c in timed[:100]:
             t = c.timing
             assert t is not None
-            mem = (f"{c.memory.peak_extra_bytes / 2**20:.1f}" if c.memory and
-                   c.memory.peak_extra_bytes is not None else "-")
+            mem = (
+                f"{c.memory.peak_extra_bytes / 2**20:.1f}"
+                if c.memory and c.memory.peak_extra_bytes is not None
+                else "-"
+            )
             out.append(
                 f"| {c.op}.{c.impl} | {c.label()} | {c.dtype} | {_fmt_ms(c)} | "
                 f"{t.tflops or 0:.3g} | {t.gbps or 0:.3g} | "
                 f"{(t.roofline_fraction or 0) * 100:.1f}% | "
-                f"{f'{t.speedup_vs_baseline:.2f}x' if t.speedup_vs_baseline else '-'} | {mem} |")
+                f"{f'{t.speedup_vs_baseline:.2f}x' if t.speedup_vs_baseline else '-'} | {mem} |"
+            )
     if report.environments:
         e = report.environments[0]
-        out += ["", f"<sub>{e.device_name} ({e.device}), torch {e.torch}, triton {e.triton}, "
-                    f"kassay {e.kassay}</sub>"]
+        out += [
+            "",
+            f"<sub>{e.device_name} ({e.device}), torch {e.torch}, triton {e.triton}, "
+            f"kassay {e.kassay}</sub>",
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -155,9 +195,12 @@ def _html_table(report: Report) -> str:
             f"<tr style='background:{color}'><td>{html.escape(c.op)}.{html.escape(c.impl)}</td>"
             f"<td>{html.escape(c.label())}</td><td>{c.status}</td>"
             f"<td>{html.escape(worst_output(c) if c.outputs else c.message)}</td>"
-            f"<td>{_fmt_ms(c)}</td></tr>")
-    return ("<table><tr><th>op.impl</th><th>case</th><th>status</th><th>worst output</th>"
-            "<th>median ms</th></tr>" + "".join(rows) + "</table>")
+            f"<td>{_fmt_ms(c)}</td></tr>"
+        )
+    return (
+        "<table><tr><th>op.impl</th><th>case</th><th>status</th><th>worst output</th>"
+        "<th>median ms</th></tr>" + "".join(rows) + "</table>"
+    )
 
 
 def to_html(report: Report) -> str:

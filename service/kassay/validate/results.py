@@ -11,11 +11,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = "kassay.report/v1"
+REPORT_SCHEMA_VERSION: Literal["kassay.report/v1"] = "kassay.report/v1"
 
 Status = Literal["passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped"]
-STATUSES: tuple[str, ...] = ("passed", "failed", "error", "crashed", "timeout", "unsupported",
-                             "skipped")
+STATUSES: tuple[str, ...] = (
+    "passed",
+    "failed",
+    "error",
+    "crashed",
+    "timeout",
+    "unsupported",
+    "skipped",
+)
 
 
 class WorstEntry(BaseModel):

@@ -37,8 +37,14 @@ _L = {"T": 64, "Hh": 4, "D": 16, "K": 3, "dtype": "float32"}
 
 PROBES: tuple[Probe, ...] = (
     Probe("flce", "m_autocast_bias_none", {**_F, "autocast": "bfloat16", "bias": False}),
-    Probe("flce", "m_ignored_zero_div", dict(_F), ("all_ignored",), ("kassay",),
-          "eager F.cross_entropy also returns NaN when every target is ignored"),
+    Probe(
+        "flce",
+        "m_ignored_zero_div",
+        dict(_F),
+        ("all_ignored",),
+        ("kassay",),
+        "eager F.cross_entropy also returns NaN when every target is ignored",
+    ),
     Probe("flce", "m_none_grad_scale", {**_F, "reduction": "none"}),
     Probe("flce", "m_bf16_chunk_accum", {"N": 2048, "H": 64, "V": 96, "dtype": "bfloat16"}),
     Probe("flce", "m_label_smoothing_weight", {**_F, "label_smoothing": 0.1}),
@@ -46,9 +52,19 @@ PROBES: tuple[Probe, ...] = (
     Probe("lse_merge", "m_naive_logaddexp", {**_L, "mode": "merge"}, ("huge",)),
     Probe("lse_merge", "m_empty_nan", {**_L, "mode": "step"}, ("empty_rows", "fa2_inf")),
     Probe("lse_merge", "m_copy_update", {**_L, "mode": "step"}),
-    Probe("lse_merge", "m_out_dtype_accum",
-          {"T": 128, "Hh": 4, "D": 64, "K": 64, "dtype": "bfloat16", "mode": "step",
-           "accumulate": "float32"}),
+    Probe(
+        "lse_merge",
+        "m_out_dtype_accum",
+        {
+            "T": 128,
+            "Hh": 4,
+            "D": 64,
+            "K": 64,
+            "dtype": "bfloat16",
+            "mode": "step",
+            "accumulate": "float32",
+        },
+    ),
     Probe("lse_merge", "m_zeros", {**_L, "mode": "merge"}),
 )
 
@@ -61,8 +77,7 @@ class ProbeResult:
 
     @property
     def detected(self) -> bool:
-        return any(c.status in ("failed", "error", "crashed", "timeout")
-                   for c in self.mutant_cases)
+        return any(c.status in ("failed", "error", "crashed", "timeout") for c in self.mutant_cases)
 
     @property
     def false_failures(self) -> list[CaseResult]:
@@ -90,8 +105,10 @@ class SelftestResult:
         return self.detected == len(self.probes) and self.n_false == 0
 
     def line(self) -> str:
-        return (f"detected {self.detected}/{len(self.probes)} mutants, "
-                f"false failures {self.n_false}/{self.n_correct} correct cases")
+        return (
+            f"detected {self.detected}/{len(self.probes)} mutants, "
+            f"false failures {self.n_false}/{self.n_correct} correct cases"
+        )
 
 
 def _available(op: str, names: tuple[str, ...]) -> list[str]:
@@ -115,9 +132,16 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
         pr = ProbeResult(probe)
         correct = _available(probe.op, probe.correct)
         for regime in probe.regimes:
-            g = GroupSpec(group_id=f"selftest-{i}-{regime}", op=probe.op, params=probe.params,
-                          regime=regime, seed=0, impls=[*correct, probe.mutant],
-                          baseline="torch", timing=TimingPolicy(enabled=False))
+            g = GroupSpec(
+                group_id=f"selftest-{i}-{regime}",
+                op=probe.op,
+                params=probe.params,
+                regime=regime,
+                seed=0,
+                impls=[*correct, probe.mutant],
+                baseline="torch",
+                timing=TimingPolicy(enabled=False),
+            )
             cases = run_group(g, device=dev, include_mutants=True, ceilings=False)
             pr.mutant_cases += [c for c in cases if c.impl == probe.mutant]
             pr.correct_cases += [c for c in cases if c.impl != probe.mutant]
@@ -137,9 +161,15 @@ def print_selftest(result: SelftestResult) -> None:
         statuses = ", ".join(sorted({c.status for c in pr.mutant_cases}))
         why = next((c.message for c in pr.mutant_cases if c.status != "passed"), "")
         corr = ", ".join(f"{c.impl}:{c.status}" for c in pr.correct_cases) or "(none)"
-        t.add_row(pr.probe.op, pr.probe.mutant, impl.bug or "", ",".join(pr.probe.regimes),
-                  f"{statuses}\n{why[:160]}",
-                  "[green]yes[/green]" if pr.detected else "[red]NO[/red]", corr)
+        t.add_row(
+            pr.probe.op,
+            pr.probe.mutant,
+            impl.bug or "",
+            ",".join(pr.probe.regimes),
+            f"{statuses}\n{why[:160]}",
+            "[green]yes[/green]" if pr.detected else "[red]NO[/red]",
+            corr,
+        )
     console = Console()
     console.print(t)
     for pr in result.probes:

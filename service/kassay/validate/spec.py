@@ -146,9 +146,10 @@ def _grid(params: dict[str, Any]) -> list[dict[str, Any]]:
     axes = {k: (v if isinstance(v, list) else [v]) for k, v in params.items()}
     for k, v in axes.items():
         if not v:
-            raise InvalidSpecError(f"params.{k}: a grid axis must list at least one value",
-                                   details={"errors": [{"loc": ["params", k],
-                                                        "msg": "empty grid axis"}]})
+            raise InvalidSpecError(
+                f"params.{k}: a grid axis must list at least one value",
+                details={"errors": [{"loc": ["params", k], "msg": "empty grid axis"}]},
+            )
     keys = list(axes)
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values())]
 
@@ -163,8 +164,13 @@ def count_cases(spec: JobSpec) -> int:
     return total
 
 
-def expand(spec: JobSpec, *, max_cases: int = DEFAULT_MAX_CASES,
-           include_mutants: bool = False, include_testing: bool = False) -> list[GroupSpec]:
+def expand(
+    spec: JobSpec,
+    *,
+    max_cases: int = DEFAULT_MAX_CASES,
+    include_mutants: bool = False,
+    include_testing: bool = False,
+) -> list[GroupSpec]:
     """Validate every suite against the op and impl registries and expand the grids.
 
     Raises InvalidSpecError (unknown op/impl/regime, invalid params with the grid point named)
@@ -189,8 +195,9 @@ def expand(spec: JobSpec, *, max_cases: int = DEFAULT_MAX_CASES,
             raise
         for name in [*suite.impls, suite.baseline]:
             try:
-                get_impl(op.name, name, include_mutants=include_mutants,
-                         include_testing=include_testing)
+                get_impl(
+                    op.name, name, include_mutants=include_mutants, include_testing=include_testing
+                )
             except InvalidSpecError as exc:
                 exc.details["loc"] = ["suites", si, "impls"]
                 raise
@@ -210,12 +217,20 @@ def expand(spec: JobSpec, *, max_cases: int = DEFAULT_MAX_CASES,
                 raise err from None
             for regime in suite.regimes:
                 for seed in suite.seeds:
-                    groups.append(GroupSpec(
-                        group_id=_group_id(op.name, params, regime, seed, si),
-                        suite_index=si, op=op.name, params=params, regime=regime, seed=seed,
-                        impls=list(suite.impls), baseline=suite.baseline,
-                        tolerance=suite.tolerance, timing=suite.timing,
-                    ))
+                    groups.append(
+                        GroupSpec(
+                            group_id=_group_id(op.name, params, regime, seed, si),
+                            suite_index=si,
+                            op=op.name,
+                            params=params,
+                            regime=regime,
+                            seed=seed,
+                            impls=list(suite.impls),
+                            baseline=suite.baseline,
+                            tolerance=suite.tolerance,
+                            timing=suite.timing,
+                        )
+                    )
     ids = [g.group_id for g in groups]
     if len(set(ids)) != len(ids):
         raise InvalidSpecError("the grid repeats a point (same params, regime and seed twice)")

@@ -12,19 +12,38 @@ _COLORS = {"passed": "green", "failed": "red", "unsupported": "dim", "skipped": 
 
 def summary_table(report: Report, *, max_rows: int = 200) -> Table:
     s = report.summary
-    t = Table(title=f"kassay: {report.name} — {s.passed}/{s.total} passed, {s.failed} failed, "
-                    f"{s.error + s.crashed + s.timeout} error/crash/timeout, "
-                    f"{s.unsupported} unsupported")
-    for col in ("op.impl", "case", "dtype", "status", "worst output / message", "median ms",
-                "TFLOP/s", "GB/s"):
+    t = Table(
+        title=f"kassay: {report.name} — {s.passed}/{s.total} passed, {s.failed} failed, "
+        f"{s.error + s.crashed + s.timeout} error/crash/timeout, "
+        f"{s.unsupported} unsupported"
+    )
+    for col in (
+        "op.impl",
+        "case",
+        "dtype",
+        "status",
+        "worst output / message",
+        "median ms",
+        "TFLOP/s",
+        "GB/s",
+    ):
         t.add_column(col, overflow="fold")
     for c in report.cases[:max_rows]:
         color = _COLORS.get(c.status, "yellow")
         tm = c.timing
-        ms = "-" if tm is None else f"{tm.median_ms:.3f}" + (
-            "" if tm.clock == "cuda_events" else " cpu")
-        t.add_row(f"{c.op}.{c.impl}", c.label(), c.dtype, f"[{color}]{c.status}[/{color}]",
-                  worst_output(c) if c.outputs else c.message, ms,
-                  f"{tm.tflops:.3g}" if tm and tm.tflops is not None else "-",
-                  f"{tm.gbps:.3g}" if tm and tm.gbps is not None else "-")
+        ms = (
+            "-"
+            if tm is None
+            else f"{tm.median_ms:.3f}" + ("" if tm.clock == "cuda_events" else " cpu")
+        )
+        t.add_row(
+            f"{c.op}.{c.impl}",
+            c.label(),
+            c.dtype,
+            f"[{color}]{c.status}[/{color}]",
+            worst_output(c) if c.outputs else c.message,
+            ms,
+            f"{tm.tflops:.3g}" if tm and tm.tflops is not None else "-",
+            f"{tm.gbps:.3g}" if tm and tm.gbps is not None else "-",
+        )
     return t

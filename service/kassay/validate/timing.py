@@ -26,8 +26,9 @@ def _flush_buffer(device: torch.device) -> torch.Tensor:
     buf = _flush_buffers.get(device)
     if buf is None:
         l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 64 << 20)
-        buf = _flush_buffers[device] = torch.empty(max(2 * l2, 128 << 20) // 4,
-                                                   dtype=torch.int32, device=device)
+        buf = _flush_buffers[device] = torch.empty(
+            max(2 * l2, 128 << 20) // 4, dtype=torch.int32, device=device
+        )
     return buf
 
 
@@ -50,9 +51,14 @@ def stats(times_ms: list[float], clock: str, flushed: bool) -> TimingStats:
     sem = 1.2533 * std / math.sqrt(len(times_ms))
     return TimingStats(
         clock=clock,  # type: ignore[arg-type]
-        n=len(times_ms), median_ms=med, mean_ms=statistics.fmean(times_ms), std_ms=std,
-        p10_ms=_quantile(times_ms, 0.1), p90_ms=_quantile(times_ms, 0.9),
-        rel_sem=sem / med if med > 0 else 0.0, l2_flushed=flushed,
+        n=len(times_ms),
+        median_ms=med,
+        mean_ms=statistics.fmean(times_ms),
+        std_ms=std,
+        p10_ms=_quantile(times_ms, 0.1),
+        p90_ms=_quantile(times_ms, 0.9),
+        rel_sem=sem / med if med > 0 else 0.0,
+        l2_flushed=flushed,
     )
 
 

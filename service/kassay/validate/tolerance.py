@@ -33,24 +33,38 @@ class Verdict:
 def tolerances(policy: TolerancePolicy, dtype: torch.dtype) -> tuple[float, float]:
     """(atol, rtol) for the absolute policy and for the n_bad count."""
     rtol, atol = DEFAULT_TOLERANCES.get(dtype, DEFAULT_TOLERANCES[torch.float32])
-    return (policy.atol if policy.atol is not None else atol,
-            policy.rtol if policy.rtol is not None else rtol)
+    return (
+        policy.atol if policy.atol is not None else atol,
+        policy.rtol if policy.rtol is not None else rtol,
+    )
 
 
 def baseline_usable(base: RawMetrics | None) -> bool:
     return base is not None and base.mismatched_nonfinite == 0
 
 
-def judge(m: RawMetrics, *, policy: TolerancePolicy, base: RawMetrics | None,
-          floor: tuple[float, float], dtype_ok: bool, dtype_msg: str = "") -> Verdict:
+def judge(
+    m: RawMetrics,
+    *,
+    policy: TolerancePolicy,
+    base: RawMetrics | None,
+    floor: tuple[float, float],
+    dtype_ok: bool,
+    dtype_msg: str = "",
+) -> Verdict:
     if not dtype_ok:
         return Verdict(False, dtype_msg, policy.policy)
     if m.mismatched_nonfinite:
-        return Verdict(False, f"{m.mismatched_nonfinite} NaN/Inf element(s) where the reference "
-                              f"is finite (nan={m.nan}, inf={m.inf})", policy.policy)
+        return Verdict(
+            False,
+            f"{m.mismatched_nonfinite} NaN/Inf element(s) where the reference "
+            f"is finite (nan={m.nan}, inf={m.inf})",
+            policy.policy,
+        )
     if m.all_zero and not m.ref_all_zero:
-        return Verdict(False, "output is all zeros (unwritten?) while the reference is not",
-                       policy.policy)
+        return Verdict(
+            False, "output is all zeros (unwritten?) while the reference is not", policy.policy
+        )
     if policy.policy == "baseline" and baseline_usable(base):
         assert base is not None
         t_abs = policy.factor * base.max_abs + floor[0]
@@ -60,8 +74,9 @@ def judge(m: RawMetrics, *, policy: TolerancePolicy, base: RawMetrics | None,
             fails.append(f"max_abs {m.max_abs:.3g} > {t_abs:.3g}")
         if m.rel_l2 > t_rel:
             fails.append(f"rel_l2 {m.rel_l2:.3g} > {t_rel:.3g}")
-        reason = ("; ".join(fails) + f" ({policy.factor:g} x baseline + rounding floor)"
-                  if fails else "")
+        reason = (
+            "; ".join(fails) + f" ({policy.factor:g} x baseline + rounding floor)" if fails else ""
+        )
         return Verdict(not fails, reason, "baseline", t_abs, t_rel)
     note = "" if policy.policy == "absolute" else " (baseline unusable: absolute policy applied)"
     if m.n_bad:

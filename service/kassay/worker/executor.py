@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceilings", default=None, help="JSON of already measured ceilings")
     parser.add_argument("--worker-id", default=None)
     args = parser.parse_args(argv)
-    if not os.environ.get("KASSAY_NO_PDEATHSIG"): _die_with_parent()
+    _die_with_parent()
     if wants_interpreter(args.device):
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     chan = Channel.from_stdio()

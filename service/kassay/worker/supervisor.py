@@ -147,6 +147,8 @@ class ExecutorProcess:
 
     async def kill(self) -> int:
         """SIGKILL the executor (and anything it started in its session) and reap it."""
+        import traceback
+        log.warning("DEBUG kill %s rc=%s\n%s", self.pid, self.proc.returncode, "".join(traceback.format_stack(limit=6)))
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)

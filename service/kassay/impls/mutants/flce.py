@@ -13,20 +13,24 @@ from kassay.ops.flce import FlceParams
 
 
 def _mutant(name: str, fn: Any, bug: str, exposes: tuple[str, ...] = ("normal",)) -> None:
-    register(Impl("flce", name, flce_harness.as_run(fn), bug, kind="mutant", bug=bug,
-                  exposes=exposes))
+    register(
+        Impl("flce", name, flce_harness.as_run(fn), bug, kind="mutant", bug=bug, exposes=exposes)
+    )
 
 
-def _rows(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None,
-          p: FlceParams) -> torch.Tensor:
+def _rows(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> torch.Tensor:
     """Correct per-row losses (float32 logits), for mutants that break something else."""
     z = F.linear(x, w, b).float()
-    return F.cross_entropy(z, target, ignore_index=p.ignore_index,
-                           label_smoothing=p.label_smoothing, reduction="none")
+    return F.cross_entropy(
+        z, target, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing, reduction="none"
+    )
 
 
-def autocast_bias_none(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                       b: torch.Tensor | None, p: FlceParams) -> Any:
+def autocast_bias_none(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     """Liger-Kernel under AMP: the fused op casts the input to the autocast dtype but runs its
     matmul outside autocast, so with bias None mm gets a bf16 mat1 and a float32 mat2 ("mat1 and
     mat2 must have the same dtype"); with a bias the cast happened to be done on every operand."""
@@ -38,12 +42,18 @@ def autocast_bias_none(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
             z = torch.addmm(b.to(x.dtype), x, w.t().to(x.dtype))
         else:
             z = torch.mm(x, w.t())
-        return F.cross_entropy(z.float(), target, ignore_index=p.ignore_index,
-                               label_smoothing=p.label_smoothing, reduction=p.reduction)
+        return F.cross_entropy(
+            z.float(),
+            target,
+            ignore_index=p.ignore_index,
+            label_smoothing=p.label_smoothing,
+            reduction=p.reduction,
+        )
 
 
-def ignored_zero_div(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                     b: torch.Tensor | None, p: FlceParams) -> Any:
+def ignored_zero_div(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     """Mean reduction as sum / number of non-ignored rows with no guard: every target ignored
     gives 0/0 = NaN in the loss and the gradients."""
     rows = _rows(x, w, target, b, p)
@@ -54,8 +64,9 @@ def ignored_zero_div(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
 
 class _RowScaleBug(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                p: FlceParams) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, p: FlceParams
+    ) -> torch.Tensor:
         with torch.enable_grad():
             xx, ww = x.detach().requires_grad_(), w.detach().requires_grad_()
             rows = _rows(xx, ww, target, None, p)
@@ -70,8 +81,9 @@ class _RowScaleBug(torch.autograd.Function):
         return gx * s, gw * s, None, None
 
 
-def none_grad_scale(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                    b: torch.Tensor | None, p: FlceParams) -> Any:
+def none_grad_scale(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     """Liger-Kernel's FLCE with reduction='none': gradients computed in forward are scaled in
     backward by grad_output[0] instead of each row's grad_output."""
     if p.reduction != "none":
@@ -83,20 +95,21 @@ class _ChunkAccumBug(torch.autograd.Function):
     CHUNK = 16
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                p: FlceParams) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, p: FlceParams
+    ) -> torch.Tensor:
         gx = torch.empty_like(x)
         gw = torch.zeros_like(w)  # accumulated in the weight's dtype: bf16 rounding per chunk
         total = torch.zeros((), dtype=torch.float32, device=x.device)
         n_valid = max(int((target != p.ignore_index).sum()), 1)
         for s in range(0, x.shape[0], _ChunkAccumBug.CHUNK):
             with torch.enable_grad():
-                xc = x[s:s + _ChunkAccumBug.CHUNK].detach().requires_grad_()
+                xc = x[s : s + _ChunkAccumBug.CHUNK].detach().requires_grad_()
                 wc = w.detach().requires_grad_()
-                rows = _rows(xc, wc, target[s:s + _ChunkAccumBug.CHUNK], None, p)
+                rows = _rows(xc, wc, target[s : s + _ChunkAccumBug.CHUNK], None, p)
                 loss_c = rows.sum() / n_valid if p.reduction == "mean" else rows.sum()
                 g_x, g_w = torch.autograd.grad(loss_c, (xc, wc))
-            gx[s:s + _ChunkAccumBug.CHUNK] = g_x
+            gx[s : s + _ChunkAccumBug.CHUNK] = g_x
             gw += g_w
             total += loss_c.detach()
         ctx.save_for_backward(gx, gw)
@@ -108,8 +121,9 @@ class _ChunkAccumBug(torch.autograd.Function):
         return gx * grad_output, gw * grad_output, None, None
 
 
-def bf16_chunk_accum(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                     b: torch.Tensor | None, p: FlceParams) -> Any:
+def bf16_chunk_accum(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     """Liger-Kernel issues #512/#827/#1472: grad_weight accumulated in bf16 across many small
     row chunks (16 rows here) drifts with the number of chunks."""
     if p.reduction == "none":
@@ -117,8 +131,9 @@ def bf16_chunk_accum(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
     return _ChunkAccumBug.apply(x, w, target, p)
 
 
-def label_smoothing_weight(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor,
-                           b: torch.Tensor | None, p: FlceParams) -> Any:
+def label_smoothing_weight(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     """Label smoothing mixed with the wrong weight: nll + eps * smooth instead of
     (1 - eps) * nll + eps * smooth."""
     z = F.linear(x, w, b).float()
@@ -132,22 +147,36 @@ def label_smoothing_weight(x: torch.Tensor, w: torch.Tensor, target: torch.Tenso
     return rows.sum() / valid.sum().clamp_min(1) if p.reduction == "mean" else rows.sum()
 
 
-def zeros(x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None,
-          p: FlceParams) -> Any:
+def zeros(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
     """A kernel that never writes its outputs (here: every output and gradient is zero)."""
     rows = (x.sum(dim=1) * 0.0).float()
     out = rows + (w.sum() * 0.0).float() + ((b.sum() * 0.0).float() if b is not None else 0.0)
     return out if p.reduction == "none" else out.sum()
 
 
-_mutant("m_autocast_bias_none", autocast_bias_none,
-        "1: autocast + bias None -> mm dtype mismatch (Liger-Kernel)")
-_mutant("m_ignored_zero_div", ignored_zero_div, "2: every target ignored -> 0/0 NaN",
-        ("all_ignored",))
-_mutant("m_none_grad_scale", none_grad_scale,
-        "3: reduction none scales all gradients by grad_output[0] (Liger-Kernel)")
-_mutant("m_bf16_chunk_accum", bf16_chunk_accum,
-        "4: grad_weight accumulated in bf16 over many small chunks (Liger-Kernel)")
-_mutant("m_label_smoothing_weight", label_smoothing_weight,
-        "5: label smoothing applied with the wrong weight")
+_mutant(
+    "m_autocast_bias_none",
+    autocast_bias_none,
+    "1: autocast + bias None -> mm dtype mismatch (Liger-Kernel)",
+)
+_mutant(
+    "m_ignored_zero_div", ignored_zero_div, "2: every target ignored -> 0/0 NaN", ("all_ignored",)
+)
+_mutant(
+    "m_none_grad_scale",
+    none_grad_scale,
+    "3: reduction none scales all gradients by grad_output[0] (Liger-Kernel)",
+)
+_mutant(
+    "m_bf16_chunk_accum",
+    bf16_chunk_accum,
+    "4: grad_weight accumulated in bf16 over many small chunks (Liger-Kernel)",
+)
+_mutant(
+    "m_label_smoothing_weight",
+    label_smoothing_weight,
+    "5: label smoothing applied with the wrong weight",
+)
 _mutant("m_zeros", zeros, "10: outputs all zeros / never written")

@@ -15,15 +15,26 @@ def _th(lse: torch.Tensor, layout: str) -> torch.Tensor:
     return lse.transpose(-1, -2) if layout == "hT" else lse
 
 
-def _mutant(name: str, merge: Any, update: Any, bug: str,
-            exposes: tuple[str, ...] = ("normal",)) -> None:
-    register(Impl("lse_merge", name, lse_harness.as_run(merge, update), bug,
-                  lse_harness.supports_modes(merge is not None, update is not None),
-                  kind="mutant", bug=bug, exposes=exposes))
+def _mutant(
+    name: str, merge: Any, update: Any, bug: str, exposes: tuple[str, ...] = ("normal",)
+) -> None:
+    register(
+        Impl(
+            "lse_merge",
+            name,
+            lse_harness.as_run(merge, update),
+            bug,
+            lse_harness.supports_modes(merge is not None, update is not None),
+            kind="mutant",
+            bug=bug,
+            exposes=exposes,
+        )
+    )
 
 
-def naive_merge(outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str,
-                accumulate: str) -> tuple[torch.Tensor, torch.Tensor]:
+def naive_merge(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """TransformerEngine before the fix: lse = log(sum exp(lse_i)) with no max shift; exp
     overflows for |lse| > 88 in float32 (709 in float64)."""
     lse = _th(lses, lse_layout).float()
@@ -33,9 +44,16 @@ def naive_merge(outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str,
     return out, (total.transpose(0, 1).contiguous() if lse_layout == "hT" else total)
 
 
-def unguarded_update(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
-                     lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
-                     acc: torch.Tensor | None) -> None:
+def unguarded_update(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    out_step: torch.Tensor,
+    lse_step: torch.Tensor,
+    *,
+    lse_layout: str,
+    second_half: bool,
+    acc: torch.Tensor | None,
+) -> None:
     """max + log1p(exp(min - max)) with no guard for empty rows: both states -inf gives
     -inf - -inf = NaN."""
     h = out.shape[0] - out_step.shape[0] if second_half else 0
@@ -51,37 +69,55 @@ def unguarded_update(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tenso
     lv.copy_(new)
 
 
-def copy_update(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
-                lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
-                acc: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def copy_update(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    out_step: torch.Tensor,
+    lse_step: torch.Tensor,
+    *,
+    lse_layout: str,
+    second_half: bool,
+    acc: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The correction written to a copy (the TransformerEngine review caught this): the result
     is returned, the caller's accumulator is left stale."""
     out2, lse2 = out.clone(), lse.clone()
     acc2 = acc.clone() if acc is not None else None
-    update_torch(out2, lse2, out_step, lse_step, lse_layout=lse_layout,
-                 second_half=second_half, acc=acc2)
+    update_torch(
+        out2, lse2, out_step, lse_step, lse_layout=lse_layout, second_half=second_half, acc=acc2
+    )
     return out2, lse2
 
 
-def out_dtype_accum(out: torch.Tensor, lse: torch.Tensor, out_step: torch.Tensor,
-                    lse_step: torch.Tensor, *, lse_layout: str, second_half: bool,
-                    acc: torch.Tensor | None) -> None:
+def out_dtype_accum(
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    out_step: torch.Tensor,
+    lse_step: torch.Tensor,
+    *,
+    lse_layout: str,
+    second_half: bool,
+    acc: torch.Tensor | None,
+) -> None:
     """Ignores the float32 accumulator and accumulates out in its own dtype (bf16) across the
     K steps: one bf16 rounding per step."""
-    update_torch(out, lse, out_step, lse_step, lse_layout=lse_layout, second_half=second_half,
-                 acc=None)
+    update_torch(
+        out, lse, out_step, lse_step, lse_layout=lse_layout, second_half=second_half, acc=None
+    )
 
 
-def zeros_merge(outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str,
-                accumulate: str) -> tuple[torch.Tensor, torch.Tensor]:
+def zeros_merge(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
     """A kernel that never writes out (zeros), with a correct lse."""
     out, lse = merge_torch(outs, lses, lse_layout=lse_layout, accumulate=accumulate)
     return torch.zeros_like(out), lse
 
 
 _mutant("m_naive_logaddexp", naive_merge, None, "6: log(exp(a)+exp(b)) overflows", ("huge",))
-_mutant("m_empty_nan", None, unguarded_update, "7: both states empty (-inf) -> NaN",
-        ("empty_rows",))
+_mutant(
+    "m_empty_nan", None, unguarded_update, "7: both states empty (-inf) -> NaN", ("empty_rows",)
+)
 _mutant("m_copy_update", None, copy_update, "8: correction written to a copy, accumulator stale")
 _mutant("m_out_dtype_accum", None, out_dtype_accum, "9: outputs accumulated in bf16 over K steps")
 _mutant("m_zeros", zeros_merge, None, "10: out all zeros / never written")

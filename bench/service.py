@@ -1,0 +1,230 @@
+"""Service overhead benchmark (CPU, loopback only, bounded loops).
+
+1. Time added per case by REST -> gRPC -> executor and back: the same tiny cases (lse_merge
+   T=8, Hh=2, D=4 float32, timing off) run in-process (`kassay.validate.local.run_job`, the
+   engine of `kassay run`) and through a real API + CPU worker (submit through the SDK, wait on
+   the SSE stream). Added per case = (service wall time - in-process wall time) / cases, per
+   repetition; the median over repetitions is reported.
+2. GET /v1/jobs/{id}: throughput and latency percentiles from a fixed number of requests over
+   keep-alive loopback connections, made by a minimal asyncio HTTP/1.1 client (one request in
+   flight per connection) in its own process so that it does not share the API's interpreter.
+
+    PYTHONPATH=service:client python bench/service.py --out bench/results/service-cpu-<date>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spec(n_seeds: int) -> dict[str, Any]:
+    return {"name": "bench-service", "suites": [{
+        "op": "lse_merge", "impls": ["torch", "ring_style"],
+        "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
+        "seeds": list(range(n_seeds)), "timing": {"enabled": False}}]}
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "service"), str(ROOT / "client"), e.get("PYTHONPATH", "")])
+    e.setdefault("TRITON_INTERPRET", "1")
+    return e
+
+
+def start(args: list[str], log: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as fh:
+        return subprocess.Popen([sys.executable, "-m", "kassay.cli", *args], stdout=fh,
+                                stderr=subprocess.STDOUT, env={**env(), **extra_env})
+
+
+def wait_ready(url: str, timeout: float = 180) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(f"{url}/readyz", timeout=2)
+            if r.status_code == 200 and r.json().get("workers_up"):
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"API at {url} not ready after {timeout}s")
+
+
+# ------------------------------------------------------------------------- per-case overhead
+
+
+def per_case(url: str, n_seeds: int, reps: int) -> dict[str, Any]:
+    from kassay_client import Client
+
+    from kassay.validate.local import run_job
+    from kassay.validate.spec import parse_spec
+
+    job_spec = spec(n_seeds)
+    n_cases = 2 * n_seeds
+    run_job(parse_spec(spec(1)), device="cpu", ceilings=False)  # imports, first-call costs
+    local, remote, added = [], [], []
+    with Client(url, timeout=60) as client:
+        client.jobs.wait(client.jobs.create(spec(1)).id, timeout=120)  # warm the worker
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            report = run_job(parse_spec(job_spec), device="cpu", ceilings=False)
+            t_local = time.perf_counter() - t0
+            assert report.summary.total == n_cases
+            t0 = time.perf_counter()
+            job = client.jobs.wait(client.jobs.create(job_spec).id, timeout=600)
+            t_remote = time.perf_counter() - t0
+            assert job.progress.done == n_cases and job.state == "finished"
+            local.append(t_local / n_cases * 1e3)
+            remote.append(t_remote / n_cases * 1e3)
+            added.append((t_remote - t_local) / n_cases * 1e3)
+    return {
+        "cases_per_job": n_cases, "groups_per_job": n_seeds, "repetitions": reps,
+        "in_process_ms_per_case": [round(x, 3) for x in local],
+        "service_ms_per_case": [round(x, 3) for x in remote],
+        "added_ms_per_case": [round(x, 3) for x in added],
+        "median_added_ms_per_case": round(statistics.median(added), 3),
+        "target_ms": 5.0,
+    }
+
+
+# ------------------------------------------------------------------------- GET throughput
+
+
+async def _load(host: str, port: int, path: str, n_requests: int, conns: int) -> list[float]:
+    request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nAccept: application/json\r\n\r\n".encode()
+    latencies: list[float] = []
+    remaining = [n_requests]
+
+    async def one_conn() -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                t0 = time.perf_counter()
+                writer.write(request)
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":", 1)[1])
+                body = await reader.readexactly(length)
+                latencies.append(time.perf_counter() - t0)
+                if not head.startswith(b"HTTP/1.1 200") or not body:
+                    raise RuntimeError(head.decode(errors="replace"))
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(one_conn() for _ in range(conns)))
+    return latencies
+
+
+def load_main(argv: list[str]) -> None:
+    """Child process: run the load and print JSON (latencies in ms, wall seconds)."""
+    host, port, path, n, conns = argv[0], int(argv[1]), argv[2], int(argv[3]), int(argv[4])
+    asyncio.run(_load(host, port, path, max(200, n // 20), conns))  # warm-up
+    t0 = time.perf_counter()
+    lat = asyncio.run(_load(host, port, path, n, conns))
+    wall = time.perf_counter() - t0
+    print(json.dumps({"wall_s": wall, "lat_ms": [x * 1e3 for x in lat]}))
+
+
+def get_throughput(url: str, job_id: str, n: int, conns: int) -> dict[str, Any]:
+    host, port = url.split("//", 1)[1].split(":")
+    out = subprocess.run([sys.executable, __file__, "--load-child", host, port,
+                          f"/v1/jobs/{job_id}", str(n), str(conns)],
+                         capture_output=True, text=True, env=env(), check=True, timeout=600)
+    data = json.loads(out.stdout)
+    lat = sorted(data["lat_ms"])
+
+    def pct(p: float) -> float:
+        return round(lat[min(len(lat) - 1, int(p / 100 * len(lat)))], 3)
+
+    return {"requests": len(lat), "connections": conns, "wall_s": round(data["wall_s"], 3),
+            "req_per_s": round(len(lat) / data["wall_s"], 1), "p50_ms": pct(50),
+            "p90_ms": pct(90), "p99_ms": pct(99), "max_ms": round(lat[-1], 3),
+            "target_req_per_s": 2000, "target_p99_ms": 25.0}
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--load-child":
+        load_main(sys.argv[2:])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=50, help="groups per job (2 cases each)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=20_000)
+    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="kassay-bench-"))
+    wport, aport = free_port(), free_port()
+    url = f"http://127.0.0.1:{aport}"
+    worker = start(["worker", "--listen", f"127.0.0.1:{wport}", "--device", "cpu"],
+                   tmp / "worker.log", {})
+    api = start(["api", "--port", str(aport), "--log-level", "warning"], tmp / "api.log",
+                {"KASSAY_WORKERS": f"127.0.0.1:{wport}",
+                 "KASSAY_DATABASE_URL": f"sqlite:///{tmp / 'k.db'}"})
+    try:
+        wait_ready(url)
+        overhead = per_case(url, args.seeds, args.reps)
+        print(f"per case: in-process {statistics.median(overhead['in_process_ms_per_case'])} "
+              f"ms, service {statistics.median(overhead['service_ms_per_case'])} ms, added "
+              f"(median) {overhead['median_added_ms_per_case']} ms", flush=True)
+        from kassay_client import Client
+
+        with Client(url) as client:
+            job_id = client.jobs.list(limit=1).items[0].id
+        get = get_throughput(url, job_id, args.requests, args.connections)
+        print(f"GET /v1/jobs/{{id}}: {get['req_per_s']} req/s, p50 {get['p50_ms']} ms, "
+              f"p99 {get['p99_ms']} ms ({get['requests']} requests, "
+              f"{get['connections']} connections)", flush=True)
+    finally:
+        for p in (api, worker):
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    import httpx
+    import uvicorn
+
+    result = {
+        "benchmark": "service", "date": time.strftime("%Y-%m-%d"),
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "versions": {"uvicorn": uvicorn.__version__, "httpx": httpx.__version__},
+        "per_case_overhead": overhead, "get_job": get,
+    }
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
