@@ -49,6 +49,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
 from kassay.kernels import lse_merge as km  # noqa: E402
 
 NEG_INF = float("-inf")

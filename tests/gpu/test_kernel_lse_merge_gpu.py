@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kassay.kernels.lse_merge import merge_state_, merge_states
 
 pytestmark = [

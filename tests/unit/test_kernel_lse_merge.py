@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+
 from kassay.kernels.lse_merge import LaunchConfig, merge_state_, merge_states
 
 # The interpreter evaluates 1/0 and log(0) of empty rows in numpy before tl.where picks the
@@ -383,9 +384,10 @@ def test_huge_lse_no_overflow_two_states() -> None:
 @pytest.mark.parametrize(
     "cfg",
     [
-        LaunchConfig(block_elems=64, num_warps=2, skip_empty_loads=False, head_major=True),
-        LaunchConfig(block_elems=16, num_warps=1, skip_empty_loads=True, head_major=True),
-        LaunchConfig(block_elems=128, num_warps=4, skip_empty_loads=False, head_major=False),
+        LaunchConfig(block_elems=64, num_warps=2, skip_empty_loads=False, tile_tokens=2),
+        LaunchConfig(block_elems=16, num_warps=1, skip_empty_loads=True, tile_tokens=1),
+        LaunchConfig(block_elems=128, num_warps=4, skip_empty_loads=False, tile_tokens=4),
+        LaunchConfig(block_elems=4096, num_warps=4, skip_empty_loads=True, tile_tokens=0),
     ],
 )
 @pytest.mark.parametrize("layout", ["hT", "Th"])

@@ -133,7 +133,7 @@ def _merge_states_kernel(
 
     o_rows = ((b * S + s) * HH + h) * D
     tl.store(out_ptr + o_rows[:, None] + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=full)
-    if LSE_OUT_HT:
+    if LSE_OUT_HT:  # noqa: SIM108 (a constexpr branch)
         z_rows = (b * HH + h) * S + s
     else:
         z_rows = (b * S + s) * HH + h
@@ -204,7 +204,9 @@ def _merge_state_inplace_kernel(
         prev_ptrs = o_ptrs
     if SKIP_EMPTY_LOADS:
         x = tl.load(prev_ptrs, mask=full & (wa > 0.0)[:, None], other=0.0)
-        y = tl.load(p_ptrs, mask=full & (wc > 0.0)[:, None], other=0.0, eviction_policy="evict_first")
+        y = tl.load(
+            p_ptrs, mask=full & (wc > 0.0)[:, None], other=0.0, eviction_policy="evict_first"
+        )
         res = wa[:, None] * x.to(tl.float32) + wc[:, None] * y.to(tl.float32)
     else:
         x = tl.load(prev_ptrs, mask=full, other=0.0)

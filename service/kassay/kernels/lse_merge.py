@@ -38,6 +38,7 @@ Accumulate = Literal["float32", "out_dtype"]
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_S_HH = 2**31 - 2**20
+_MAX_GRID = 2**31 - 1
 
 __all__ = ["LaunchConfig", "merge_state_", "merge_states"]
 
@@ -76,7 +77,9 @@ def _check_out_tensor(name: str, t: torch.Tensor, *, min_dim: int = 3) -> None:
     if t.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"{name} must be float16, bfloat16 or float32, got {t.dtype}")
     if t.dim() < min_dim:
-        raise ValueError(f"{name} must have at least {min_dim} dims ([..., S, Hh, D]), got {t.dim()}")
+        raise ValueError(
+            f"{name} must have at least {min_dim} dims ([..., S, Hh, D]), got {t.dim()}"
+        )
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         raise ValueError(
             f"{name} must be contiguous in its last dim D (stride 1), got strides {t.stride()}; "
@@ -144,11 +147,16 @@ def _tile(s: int, hh: int, block_d: int, lse_s_stride: int, cfg: LaunchConfig) -
 
 
 def _foreach_batch(
-    tensors: list[torch.Tensor], starts: list[int], nb: int, fn: Callable[[list[torch.Tensor]], None]
+    tensors: list[torch.Tensor],
+    starts: list[int],
+    nb: int,
+    fn: Callable[[list[torch.Tensor]], None],
 ) -> None:
     """Slow path for batch dims whose strides cannot be merged into one: walk the first batch
     dim in Python (one launch per index) until the remaining ones merge. No data is copied."""
-    if nb == 0 or all(_batch_stride(t, st, nb) is not None for t, st in zip(tensors, starts)):
+    if nb == 0 or all(
+        _batch_stride(t, st, nb) is not None for t, st in zip(tensors, starts, strict=True)
+    ):
         fn(tensors)
         return
     for i in range(tensors[0].shape[starts[0]]):
@@ -235,47 +243,51 @@ def merge_states(
     lse = torch.empty(_lse_shape(out.shape, lse_layout), dtype=torch.float32, device=outs.device)
     if out.numel() == 0 and lse.numel() == 0:
         return out, lse
-    if s * hh > _INT32_MAX - 2**16:
-        raise ValueError(f"S * Hh = {s * hh} rows per batch entry is over the int32 row index")
+    if s > _MAX_S_HH or hh > _MAX_S_HH:
+        raise ValueError(f"S = {s} or Hh = {hh} is over the int32 row index")
     cfg = _config or _DEFAULT_CONFIG
     nb = len(batch)
-    lses_bsh = _lse_bsh(lses, lse_layout)
-    lse_bsh = _lse_bsh(lse, lse_layout)
+    block_d = triton.next_power_of_2(max(d, 1))
+    bt, bh = _tile(s, hh, block_d, _seq_head_strides(lses, lse_layout)[0], cfg)
+    consts = {
+        "K": k,
+        "BLOCK_T": bt,
+        "BLOCK_H": bh,
+        "BLOCK_R": bt * bh,
+        "BLOCK_D": block_d,
+        "EVEN_D": block_d == d,
+        "LSE_OUT_HT": lse_layout == "hT",
+        "POSINF_IS_EMPTY": posinf_is_empty,
+        "ACC_IN_OUT_DTYPE": accumulate == "out_dtype",
+        "SKIP_EMPTY_LOADS": cfg.skip_empty_loads,
+        "num_warps": cfg.num_warps,
+    }
+    n_tiles = triton.cdiv(s, bt) * triton.cdiv(hh, bh)
 
     def launch(v: list[torch.Tensor]) -> None:
-        o_in, l_in, o_out, l_out = v  # [K,B,S,Hh,D], [K,B,S,Hh], [B,S,Hh,D], [B,S,Hh]
-        nbatch = o_out.shape[0]
-        rows = s * hh
-        block_d = triton.next_power_of_2(max(d, 1))
-        block_r = _block_rows(rows, block_d, cfg)
-        for b0, nbb in _grid_chunks(nbatch):
-            grid = (triton.cdiv(rows, block_r), nbb)
-            oi, li = o_in[:, b0 : b0 + nbb], l_in[:, b0 : b0 + nbb]
-            oo, lo = o_out[b0 : b0 + nbb], l_out[b0 : b0 + nbb]
-            _k._merge_states_kernel[grid](
-                oo,
-                lo,
-                oi,
-                li,
-                s,
-                hh,
-                d,
-                *oi.stride()[:4],
-                *li.stride(),
-                *oo.stride()[:3],
-                *lo.stride(),
-                K=k,
-                BLOCK_R=block_r,
-                BLOCK_D=block_d,
-                EVEN_D=block_d == d,
-                POSINF_IS_EMPTY=posinf_is_empty,
-                ACC_IN_OUT_DTYPE=accumulate == "out_dtype",
-                SKIP_EMPTY_LOADS=cfg.skip_empty_loads,
-                HEAD_MAJOR=cfg.head_major,
-                num_warps=cfg.num_warps,
-            )
+        o_in, l_in, o_out, l_out = v
+        nbv = o_out.dim() - 3
+        nbatch = 1
+        for n in o_out.shape[:nbv]:
+            nbatch *= n
+        if nbatch == 0:
+            return
+        if n_tiles * nbatch > _MAX_GRID:
+            raise ValueError(f"{n_tiles * nbatch} tiles is over the launch grid's limit")
+        ib = _batch_stride(o_in, 1, nbv)
+        lb = _batch_stride(l_in, 1, nbv)
+        assert ib is not None and lb is not None
+        i_s, i_h = _seq_head_strides(o_in, None)
+        l_s, l_h = _seq_head_strides(l_in, lse_layout)
+        _k._merge_states_kernel[(n_tiles * nbatch,)](
+            o_out, l_out, o_in, l_in, s, hh, d,
+            o_in.stride(0), ib, i_s, i_h,
+            l_in.stride(0), lb, l_s, l_h,
+            **consts,
+        )  # fmt: skip
 
-    _foreach_batch([outs, lses_bsh, out, lse_bsh], [1, 1, 0, 0], nb, launch)
+    # out and lse are fresh and contiguous: any leading selection of them stays so.
+    _foreach_batch([outs, lses, out, lse], [1, 1, 0, 0], nb, launch)
     return out, lse
 
 
@@ -360,54 +372,48 @@ def merge_state_(
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
     if out.numel() == 0 and lse.numel() == 0:
         return
-    if s * hh > _INT32_MAX - 2**16:
-        raise ValueError(f"S * Hh = {s * hh} rows per batch entry is over the int32 row index")
+    if s > _MAX_S_HH or hh > _MAX_S_HH:
+        raise ValueError(f"S = {s} or Hh = {hh} is over the int32 row index")
     cfg = _config or _DEFAULT_CONFIG
     nb = len(batch)
-    seq = nb  # index of the S dim in out / in the [..., S, Hh] view of lse
-
-    out_v = out.narrow(seq, s // 2, s_step) if second_half else out
-    lse_v = _lse_bsh(lse, lse_layout)
-    lse_v = lse_v.narrow(seq, s // 2, s_step) if second_half else lse_v
-    acc_v = None
-    if acc is not None:
-        acc_v = acc.narrow(seq, s // 2, s_step) if second_half else acc
-    views = [out_v, lse_v, out_step, _lse_bsh(lse_step, lse_layout)]
-    if acc_v is not None:
-        views.append(acc_v)
+    s_off = s // 2 if second_half else 0
+    block_d = triton.next_power_of_2(max(d, 1))
+    bt, bh = _tile(s_step, hh, block_d, _seq_head_strides(lse, lse_layout)[0], cfg)
+    consts = {
+        "BLOCK_T": bt,
+        "BLOCK_H": bh,
+        "BLOCK_R": bt * bh,
+        "BLOCK_D": block_d,
+        "EVEN_D": block_d == d,
+        "POSINF_IS_EMPTY": posinf_is_empty,
+        "HAS_ACC": acc is not None,
+        "SKIP_EMPTY_LOADS": cfg.skip_empty_loads,
+        "num_warps": cfg.num_warps,
+    }
+    n_tiles = triton.cdiv(s_step, bt) * triton.cdiv(hh, bh)
 
     def launch(v: list[torch.Tensor]) -> None:
         o, lo, p, lp = v[:4]
         a = v[4] if len(v) > 4 else o
-        nbatch = o.shape[0]
-        rows = s_step * hh
-        block_d = triton.next_power_of_2(max(d, 1))
-        block_r = _block_rows(rows, block_d, cfg)
-        for b0, nbb in _grid_chunks(nbatch):
-            grid = (triton.cdiv(rows, block_r), nbb)
-            oo, ll, pp, qq, aa = (t[b0 : b0 + nbb] for t in (o, lo, p, lp, a))
-            _k._merge_state_inplace_kernel[grid](
-                oo,
-                ll,
-                aa,
-                pp,
-                qq,
-                s_step,
-                hh,
-                d,
-                *oo.stride()[:3],
-                *ll.stride(),
-                *aa.stride()[:3],
-                *pp.stride()[:3],
-                *qq.stride(),
-                BLOCK_R=block_r,
-                BLOCK_D=block_d,
-                EVEN_D=block_d == d,
-                POSINF_IS_EMPTY=posinf_is_empty,
-                HAS_ACC=acc is not None,
-                SKIP_EMPTY_LOADS=cfg.skip_empty_loads,
-                HEAD_MAJOR=cfg.head_major,
-                num_warps=cfg.num_warps,
-            )
+        nbv = o.dim() - 3
+        nbatch = 1
+        for n in o.shape[:nbv]:
+            nbatch *= n
+        if nbatch == 0:
+            return
+        if n_tiles * nbatch > _MAX_GRID:
+            raise ValueError(f"{n_tiles * nbatch} tiles is over the launch grid's limit")
+        bs = [_batch_stride(t, 0, nbv) for t in (o, lo, a, p, lp)]
+        o_s, o_h = _seq_head_strides(o, None)
+        l_s, l_h = _seq_head_strides(lo, lse_layout)
+        a_s, a_h = _seq_head_strides(a, None)
+        p_s, p_h = _seq_head_strides(p, None)
+        q_s, q_h = _seq_head_strides(lp, lse_layout)
+        _k._merge_state_inplace_kernel[(n_tiles * nbatch,)](
+            o, lo, a, p, lp, s_step, s_off, hh, d,
+            bs[0], o_s, o_h, bs[1], l_s, l_h, bs[2], a_s, a_h,
+            bs[3], p_s, p_h, bs[4], q_s, q_h,
+            **consts,
+        )  # fmt: skip
 
-    _foreach_batch(views, [0] * len(views), nb, launch)
+    _foreach_batch(tensors, [0] * len(tensors), nb, launch)
