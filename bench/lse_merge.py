@@ -455,7 +455,7 @@ def run_step(res: Results, shape: dict[str, int], regime: str, layout: str, half
 def run_sweep(res: Results, shape: dict[str, int], configs: list[km.LaunchConfig]) -> None:
     t, hh, d = shape["T"], shape["Hh"], shape["D"]
     for regime in ("normal", "empty_rows"):
-        for k in (2, 8):
+        for k in (2, 4, 8):
             outs, lses = make_states(k, t, hh, d, "hT", regime, 1)
             nb = nominal_bytes(k, t, hh, d)
             ref_o, ref_l = reference(outs, lses, "hT")
@@ -556,12 +556,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy ceiling: {res.copy_tbps:.3f} TB/s", flush=True)
 
     if not args.no_sweep:
+        lc = km.LaunchConfig
         configs = [
-            km.LaunchConfig(block_elems=be, num_warps=nw, skip_empty_loads=True, head_major=hm)
-            for be, nw in ((2048, 4), (4096, 4), (8192, 4), (4096, 8), (8192, 8), (16384, 8))
-            for hm in (False, True)
-            if not (hm and (be, nw) not in ((4096, 4), (8192, 8)))
-        ] + [km.LaunchConfig(skip_empty_loads=False)]
+            lc(block_elems=1024),
+            lc(block_elems=2048),
+            lc(block_elems=4096),
+            lc(block_elems=2048, num_warps=2),
+            lc(block_elems=2048, num_warps=8),
+            lc(block_elems=4096, num_warps=8),
+            lc(block_elems=2048, tile_tokens=1),
+            lc(block_elems=2048, tile_tokens=16),
+            lc(block_elems=2048, skip_empty_loads=False),
+        ]
         run_sweep(res, main_shape, configs)
 
     ks = (2, 4, 8)

@@ -27,6 +27,7 @@ from google.rpc import error_details_pb2  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
+
 from kassay.v1 import worker_pb2 as pb  # noqa: E402
 from kassay.v1 import worker_pb2_grpc  # noqa: E402
 
@@ -362,9 +363,8 @@ def test_sigterm_finishes_the_running_case_and_exits(worker: Worker) -> None:
             worker.proc.send_signal(signal.SIGTERM)
     results = {ev.result.impl: ev.result.status for ev in events if ev.HasField("result")}
     msgs = [ev.result.message for ev in events if ev.HasField("result")]
-    if results != {"torch": "passed", "hang": "timeout"}:
-        Path("/tmp/itest_fail.txt").write_text(str(events) + "\n-----\n" + worker.tail(400))
-    assert results == {"torch": "passed", "hang": "timeout"}
+    # the running case finished (it hit its timeout); nothing else ran
+    assert results == {"torch": "passed", "hang": "timeout"}, (msgs, worker.tail())
     dones = {ev.done.group_id: ev.done for ev in events if ev.HasField("done")}
     assert list(dones["g-t1"].not_run) == ["g-t1:raise"]
     assert list(dones["g-t2"].not_run) == ["g-t2:torch"]

@@ -70,9 +70,16 @@ def test_shape_mismatch_raises() -> None:
         compare(torch.zeros(3), torch.zeros(4, dtype=torch.float64), atol=0, rtol=0)
 
 
-def test_rounding_floor_is_dtype_rounding() -> None:
+def test_rounding_floor_is_dtype_rounding_at_least_one_ulp() -> None:
     ref = torch.tensor([1.0 + 2**-12, 3.0], dtype=torch.float64)
     max_abs, rel = rounding_error(ref, torch.bfloat16)
-    assert max_abs == pytest.approx(2**-12)
-    assert rel == pytest.approx(2**-12 / math.sqrt((1 + 2**-12) ** 2 + 9))
-    assert rounding_error(ref, torch.float32)[0] == 0.0
+    assert max_abs == pytest.approx(2**-7 * 2)  # one bf16 ULP at 3.0 beats the 2^-12 rounding
+    assert rel == pytest.approx(2**-7 / math.sqrt(2))  # eps / sqrt(n) beats the realized
+    big = torch.linspace(1, 2, 10_000, dtype=torch.float64) + 1e-5
+    m_abs, m_rel = rounding_error(big, torch.bfloat16)
+    assert 2**-8 <= m_abs <= 2**-6
+    assert 2**-10 < m_rel < 2**-8  # realized rounding of many elements dominates
+    assert rounding_error(ref[1:], torch.float32) == (
+        pytest.approx(2**-23 * 2),
+        pytest.approx(2**-23),
+    )

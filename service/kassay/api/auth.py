@@ -1,6 +1,9 @@
 """Bearer-token auth. With no token configured everything is open. With tokens configured,
 writes (submit, cancel) need a write token: no or unknown token → 401, a read-only token → 403;
-reads need any token unless `open_reads` is set."""
+reads need any token unless `open_reads` is set.
+
+The dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a thread,
+a hop that costs more than the check itself."""
 
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ def _settings(request: Request) -> Settings:
     return settings
 
 
-def require_write(request: Request) -> None:
+async def require_write(request: Request) -> None:
     """FastAPI dependency of submit and cancel."""
     s = _settings(request)
     if not s.api_tokens and not s.read_tokens:
@@ -47,7 +50,7 @@ def require_write(request: Request) -> None:
     raise AuthError("unknown token")
 
 
-def require_read(request: Request) -> None:
+async def require_read(request: Request) -> None:
     """FastAPI dependency of every read route."""
     s = _settings(request)
     if s.open_reads or (not s.api_tokens and not s.read_tokens):

@@ -25,6 +25,6 @@ class Services:
     metrics: ApiMetrics
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
     svc: Services = request.app.state.services
     return svc

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Connection,
     Engine,
     and_,
+    bindparam,
     create_engine,
     event,
     func,
@@ -110,14 +111,24 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True)
 
 
+#: the columns of a job's state and progress (not its spec and environments: big JSON)
+_SUMMARY = [c for c in jobs.c if c.name not in ("spec", "environments", "body_hash",
+                                                 "idempotency_key")]
+
+
+# Built once: constructing a 20-column select costs more than running it on SQLite.
+_GET_JOB = select(*_SUMMARY).where(jobs.c.id == bindparam("job_id"))
+_GET_JOB_FULL = select(jobs).where(jobs.c.id == bindparam("job_id"))
+
+
 def _record(row: Any) -> JobRecord:
     m = row._mapping
     return JobRecord(
         seq=m["seq"], id=m["id"], name=m["name"], state=m["state"], labels=m["labels"] or {},
         created_at=m["created_at"], started_at=m["started_at"], finished_at=m["finished_at"],
         total=m["total"], done=m["done"], counts={s: m[s] for s in STATUS_COLUMNS},
-        cancel_requested=bool(m["cancel_requested"]), spec=m["spec"],
-        environments=m["environments"] or [],
+        cancel_requested=bool(m["cancel_requested"]), spec=m.get("spec") or {},
+        environments=m.get("environments") or [],
     )
 
 
@@ -212,13 +223,14 @@ class Store:
             )
         return _record(row)
 
-    def get_job(self, job_id: str) -> JobRecord | None:
+    def get_job(self, job_id: str, *, full: bool = False) -> JobRecord | None:
+        """A job's state and progress; `full` adds its spec and environments."""
         with self.engine.connect() as conn:
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            row = conn.execute(_GET_JOB_FULL if full else _GET_JOB, {"job_id": job_id}).first()
         return _record(row) if row is not None else None
 
-    def require_job(self, job_id: str) -> JobRecord:
-        job = self.get_job(job_id)
+    def require_job(self, job_id: str, *, full: bool = False) -> JobRecord:
+        job = self.get_job(job_id, full=full)
         if job is None:
             raise NotFoundError(f"no job {job_id!r}", details={"job_id": job_id})
         return job
@@ -233,7 +245,7 @@ class Store:
         before: int | None = None,
     ) -> list[JobRecord]:
         """Newest first; `before` is the seq cursor of the last job of the previous page."""
-        q = select(jobs).order_by(jobs.c.seq.desc()).limit(limit)
+        q = select(*_SUMMARY).order_by(jobs.c.seq.desc()).limit(limit)
         if state:
             q = q.where(jobs.c.state == state)
         if name:
@@ -437,7 +449,7 @@ class Store:
         """The job's report as it stands (partial while the job runs)."""
         from datetime import datetime, timezone
 
-        job = self.require_job(job_id)
+        job = self.require_job(job_id, full=True)
         results = self.case_results(job_id)
 
         def ts(t: float | None) -> datetime | None:

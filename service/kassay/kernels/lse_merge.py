@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import triton
 
 from kassay.kernels import _lse_merge_kernels as _k
 
@@ -62,6 +61,16 @@ _DEFAULT_CONFIG = LaunchConfig()
 
 
 # --------------------------------------------------------------------------- validation helpers
+
+
+# Plain-Python twins of triton.next_power_of_2 / triton.cdiv (those are jit-wrapped in recent
+# Triton and cost microseconds each on the launch path).
+def _next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _check_layout(lse_layout: str) -> None:
@@ -136,7 +145,7 @@ def _seq_head_strides(t: torch.Tensor, lse_layout: str | None) -> tuple[int, int
 def _tile(s: int, hh: int, block_d: int, lse_s_stride: int, cfg: LaunchConfig) -> tuple[int, int]:
     """(BLOCK_T, BLOCK_H) for a tile of about cfg.block_elems elements per state."""
     block_r = max(1, cfg.block_elems // block_d)
-    sp, hp = triton.next_power_of_2(max(s, 1)), triton.next_power_of_2(max(hh, 1))
+    sp, hp = _next_pow2(max(s, 1)), _next_pow2(max(hh, 1))
     want_t = cfg.tile_tokens or (
         _k.DEFAULT_TILE_TOKENS_CONTIGUOUS_S if lse_s_stride == 1 and s > 1 else 1
     )
@@ -247,7 +256,7 @@ def merge_states(
         raise ValueError(f"S = {s} or Hh = {hh} is over the int32 row index")
     cfg = _config or _DEFAULT_CONFIG
     nb = len(batch)
-    block_d = triton.next_power_of_2(max(d, 1))
+    block_d = _next_pow2(max(d, 1))
     bt, bh = _tile(s, hh, block_d, _seq_head_strides(lses, lse_layout)[0], cfg)
     consts = {
         "K": k,
@@ -262,7 +271,7 @@ def merge_states(
         "SKIP_EMPTY_LOADS": cfg.skip_empty_loads,
         "num_warps": cfg.num_warps,
     }
-    n_tiles = triton.cdiv(s, bt) * triton.cdiv(hh, bh)
+    n_tiles = _cdiv(s, bt) * _cdiv(hh, bh)
 
     def launch(v: list[torch.Tensor]) -> None:
         o_in, l_in, o_out, l_out = v
@@ -377,7 +386,7 @@ def merge_state_(
     cfg = _config or _DEFAULT_CONFIG
     nb = len(batch)
     s_off = s // 2 if second_half else 0
-    block_d = triton.next_power_of_2(max(d, 1))
+    block_d = _next_pow2(max(d, 1))
     bt, bh = _tile(s_step, hh, block_d, _seq_head_strides(lse, lse_layout)[0], cfg)
     consts = {
         "BLOCK_T": bt,
@@ -390,7 +399,7 @@ def merge_state_(
         "SKIP_EMPTY_LOADS": cfg.skip_empty_loads,
         "num_warps": cfg.num_warps,
     }
-    n_tiles = triton.cdiv(s_step, bt) * triton.cdiv(hh, bh)
+    n_tiles = _cdiv(s_step, bt) * _cdiv(hh, bh)
 
     def launch(v: list[torch.Tensor]) -> None:
         o, lo, p, lp = v[:4]

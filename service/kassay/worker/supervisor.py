@@ -70,6 +70,7 @@ class ExecutorProcess:
         self.proc = proc
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.poisoned: str | None = None
+        self.pending: asyncio.Future[dict[str, Any] | None] | None = None  # the read under way
         self._stderr_task = asyncio.ensure_future(self._pump_stderr())
 
     @property
@@ -147,8 +148,6 @@ class ExecutorProcess:
 
     async def kill(self) -> int:
         """SIGKILL the executor (and anything it started in its session) and reap it."""
-        import traceback
-        log.warning("DEBUG kill %s rc=%s\n%s", self.pid, self.proc.returncode, "".join(traceback.format_stack(limit=6)))
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -470,13 +469,9 @@ class Supervisor:
         exe = self._executor
         if exe is not None and exe.returncode is None:
             return exe
-        if self._starting is None or _failed(self._starting):
+        if self._starting is None or self._starting.done():  # a finished start is never reused
             self._starting = asyncio.ensure_future(self._start_executor())
-        try:
-            return await asyncio.shield(self._starting)
-        finally:
-            if self._starting is not None and self._starting.done():
-                self._starting = None
+        return await asyncio.shield(self._starting)
 
     async def _lose_executor(self, exe: ExecutorProcess, *, kill: bool) -> int:
         """Forget a dead (or doomed) executor and start the next one in the background."""
@@ -488,7 +483,7 @@ class Supervisor:
         if not self.draining:
             self.restarts += 1
             await self._set_state(State.RESTARTING)
-            if self._starting is None:
+            if self._starting is None or self._starting.done():
                 self._starting = asyncio.ensure_future(self._start_executor())
                 self._starting.add_done_callback(_log_task_error)
         return rc
@@ -542,7 +537,10 @@ class Supervisor:
         self, exe: ExecutorProcess, deadline: float, interruptible: bool
     ) -> tuple[str, dict[str, Any] | None]:
         """('msg', m) | ('eof', None) | ('timeout', None) | ('interrupt', None)."""
-        recv = asyncio.ensure_future(exe.recv())
+        # One read at a time, never cancelled: a frame is read whole or not at all.
+        if exe.pending is None:
+            exe.pending = asyncio.ensure_future(exe.recv())
+        recv = exe.pending
         waits: set[asyncio.Future[Any]] = {recv}
         intr: asyncio.Future[Any] | None = None
         if interruptible:
@@ -558,9 +556,9 @@ class Supervisor:
             if intr is not None:
                 intr.cancel()
         if recv in done:
+            exe.pending = None
             msg = recv.result()
             return ("eof", None) if msg is None else ("msg", msg)
-        recv.cancel()
         return ("interrupt", None) if done else ("timeout", None)
 
     async def _run_group(self, item: _Item) -> None:
@@ -721,10 +719,6 @@ class Supervisor:
             reason if active.remaining else "",
             active.t0,
         )
-
-
-def _failed(task: asyncio.Task[Any]) -> bool:
-    return task.done() and (task.cancelled() or task.exception() is not None)
 
 
 def _log_task_error(task: asyncio.Task[Any]) -> None:
