@@ -176,7 +176,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=50, help="groups per job (2 cases each)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--requests", type=int, default=20_000)
-    ap.add_argument("--connections", type=int, default=16)
+    ap.add_argument("--connections", type=int, default=8)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
 
@@ -196,12 +196,20 @@ def main() -> None:
               f"(median) {overhead['median_added_ms_per_case']} ms", flush=True)
         from kassay_client import Client
 
+        get: dict[str, Any] = {}
         with Client(url) as client:
-            job_id = client.jobs.list(limit=1).items[0].id
-        get = get_throughput(url, job_id, args.requests, args.connections)
-        print(f"GET /v1/jobs/{{id}}: {get['req_per_s']} req/s, p50 {get['p50_ms']} ms, "
-              f"p99 {get['p99_ms']} ms ({get['requests']} requests, "
-              f"{get['connections']} connections)", flush=True)
+            finished = client.jobs.list(limit=1).items[0].id
+            # a job that runs during the whole load: the dispatcher writes results meanwhile
+            running = client.jobs.create(spec(2000)).id
+            time.sleep(1.0)
+            for state, job_id in (("running", running), ("finished", finished)):
+                get[state] = get_throughput(url, job_id, args.requests, args.connections)
+                g = get[state]
+                print(f"GET /v1/jobs/{{id}} ({state} job): {g['req_per_s']} req/s, p50 "
+                      f"{g['p50_ms']} ms, p99 {g['p99_ms']} ms ({g['requests']} requests, "
+                      f"{g['connections']} connections)", flush=True)
+            assert client.jobs.get(running).state == "running"
+            client.jobs.cancel(running)
     finally:
         for p in (api, worker):
             p.terminate()

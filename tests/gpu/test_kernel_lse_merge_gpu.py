@@ -66,9 +66,11 @@ def make_states(
     g = torch.Generator(device=DEV).manual_seed(seed)
     outs = torch.randn((k, *batch, s, hh, d), generator=g, device=DEV).to(dtype)
     lb = torch.randn((k, *batch, s, hh), generator=g, device=DEV) * 2.0 + 3.0
-    if regime == "huge":
+    if regime in ("huge", "huge_empty"):
         lb = 1e4 + torch.randn((k, *batch, s, hh), generator=g, device=DEV) * 3.0
-    elif regime == "empty":
+        if seed % 2:
+            lb = -lb
+    if regime in ("empty", "huge_empty"):
         u = torch.rand((k, *batch, s, hh), generator=g, device=DEV)
         lb = torch.where(u < 0.3, NEG_INF, lb)
         lb = torch.where((u >= 0.3) & (u < 0.4), POS_INF, lb)
@@ -83,7 +85,7 @@ OUT_TOL = {torch.bfloat16: 8e-3, torch.float16: 1e-3, torch.float32: 2e-6}
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("layout", ["hT", "Th"])
-@pytest.mark.parametrize("regime", ["normal", "huge", "empty"])
+@pytest.mark.parametrize("regime", ["normal", "huge", "empty", "huge_empty"])
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_merge_states_small(dtype, layout, regime, k) -> None:
     outs, lses = make_states(k, (3,), 37, 5, 64, dtype=dtype, layout=layout, regime=regime, seed=k)

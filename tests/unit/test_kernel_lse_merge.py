@@ -16,7 +16,9 @@ from kassay.kernels.lse_merge import LaunchConfig, merge_state_, merge_states
 # The interpreter evaluates 1/0 and log(0) of empty rows in numpy before tl.where picks the
 # -inf/0 branch; numpy warns about it. The kernels' results are checked, the warnings are noise.
 pytestmark = pytest.mark.filterwarnings(
-    "ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning"
+    "ignore:divide by zero:RuntimeWarning",
+    "ignore:invalid value:RuntimeWarning",
+    "ignore:overflow encountered:RuntimeWarning",
 )
 
 NEG_INF = float("-inf")
@@ -179,6 +181,33 @@ def test_merge_states_out_dtype_and_accumulate() -> None:
     assert out16s.dtype == torch.float16
     # rounding after every state: worse than one rounding but bounded by K roundings
     assert rel_l2(out16s, ref16) <= 4 * 1e-3
+
+
+@pytest.mark.parametrize("base", [-1e4, 1e4])
+def test_huge_lse_after_empty_states(base: float) -> None:
+    # Rows whose first finite state comes after empty ones, at |lse| ~ 1e4: the running
+    # maximum starts at -inf and must not turn into exp(+1e4) or 0 * inf.
+    k, s, hh, d = 4, 6, 2, 8
+    g = torch.Generator().manual_seed(31)
+    outs = torch.randn(k, s, hh, d, generator=g)
+    lb = base + torch.randn(k, s, hh, generator=g) * 3
+    lb[:3, 0] = NEG_INF  # only the last state
+    lb[:2, 1] = NEG_INF
+    lb[0, 2] = POS_INF
+    lb[1:, 3] = NEG_INF  # only the first state
+    lb[:, 4] = NEG_INF  # all empty
+    lses = lb.transpose(-1, -2).contiguous()
+    ref_o, ref_l = ref_merge(outs, lses, "hT")
+    out, lse = merge_states(outs, lses)
+    assert not torch.isnan(out).any()
+    assert rel_l2(out, ref_o) <= 2e-6
+    lse_close(lse, ref_l)
+    acc_o, acc_l = outs[0].clone(), lses[0].clone()
+    for i in range(1, k):
+        merge_state_(acc_o, acc_l, outs[i], lses[i])
+    assert not torch.isnan(acc_o).any()
+    assert rel_l2(acc_o, ref_o) <= 1e4 * 2**-24 * k
+    lse_close(acc_l, ref_l, rtol=2**-22 * k)
 
 
 def test_posinf_option() -> None:

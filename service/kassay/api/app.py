@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kassay import __version__
 from kassay.api.deps import Services
+from kassay.api.fastpath import JobFastPath
 from kassay.api.metrics import ApiMetrics, MetricsMiddleware
 from kassay.api.notify import JobNotifier
 from kassay.api.store import Store
@@ -76,6 +77,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         "download their reports.",
     )
     app.state.settings = settings
+    app.add_middleware(JobFastPath)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     handlers: dict[Any, Any] = {
         KassayError: _kassay_error, RequestValidationError: _validation_error,

@@ -192,7 +192,7 @@ class GroupRunner:
         include_mutants: bool,
         include_testing: bool,
         worker: str | None,
-        ceilings: bool,
+        ceilings: bool | dict[str, float],
     ) -> None:
         self.group = group
         self.device = device
@@ -200,7 +200,13 @@ class GroupRunner:
         self.op = get_op(group.op)
         self.params = self.op.parse_params(group.params)
         self.env = environment(device)
-        self.ceilings = measure_ceilings(device) if ceilings else None
+        self.ceilings = (
+            dict(ceilings)
+            if isinstance(ceilings, dict)
+            else measure_ceilings(device)
+            if ceilings
+            else None
+        )
         self.include = {"include_mutants": include_mutants, "include_testing": include_testing}
         self.specs = self.op.outputs(self.params)
         self.inputs = self.op.make_inputs(self.params, group.regime, group.seed, device)
@@ -312,10 +318,12 @@ def run_group(
     on_start: Callable[[str], None] | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
     worker: str | None = None,
-    ceilings: bool = True,
+    ceilings: bool | dict[str, float] = True,
 ) -> list[CaseResult]:
     """Run every impl of `group`; results come back in the group's impl order, and also one by
-    one through on_result as they finish (on_start fires before each case)."""
+    one through on_result as they finish (on_start fires before each case). `ceilings`: True
+    measures the device's matmul/copy ceilings (once per process), a dict supplies them (a
+    restarted executor reuses its predecessor's), False leaves roofline fractions out."""
     load(mutants=include_mutants, testing=include_testing)
     dev = resolve_device(device)
     runner = GroupRunner(

@@ -207,12 +207,10 @@ class Executor:
             load(mutants=True, testing=testing)
         except ModuleNotFoundError:  # a build without the mutant corpus
             load(testing=testing)
+        # Measured once per worker: a restarted executor reuses its predecessor's figures so a
+        # restart stays well under the 10 s budget.
         if ceilings is None:
             ceilings = measure_ceilings(self.device)
-        else:
-            # Measured by an earlier executor of this worker: skip re-measuring on restarts.
-            known = dict(ceilings)
-            engine.measure_ceilings = lambda _device: known  # type: ignore[assignment]
         self.ceilings = ceilings
         env = environment(self.device).model_copy(update={"ceilings": ceilings})
         total, free = _memory(self.device)
@@ -262,6 +260,7 @@ class Executor:
                 on_start=on_start,
                 on_result=on_result,
                 worker=self.worker_id,
+                ceilings=self.ceilings,
             )
         except Exception as exc:  # the group cannot run at all (inputs, reference, ...)
             tb = traceback.format_exc(limit=-3)
