@@ -38,24 +38,37 @@ def free_port() -> int:
 
 
 def spec(n_seeds: int) -> dict[str, Any]:
-    return {"name": "bench-service", "suites": [{
-        "op": "lse_merge", "impls": ["torch", "ring_style"],
-        "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
-        "seeds": list(range(n_seeds)), "timing": {"enabled": False}}]}
+    return {
+        "name": "bench-service",
+        "suites": [
+            {
+                "op": "lse_merge",
+                "impls": ["torch", "ring_style"],
+                "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
+                "seeds": list(range(n_seeds)),
+                "timing": {"enabled": False},
+            }
+        ],
+    }
 
 
 def env() -> dict[str, str]:
     e = dict(os.environ)
     e["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "service"), str(ROOT / "client"), e.get("PYTHONPATH", "")])
+        [str(ROOT / "service"), str(ROOT / "client"), e.get("PYTHONPATH", "")]
+    )
     e.setdefault("TRITON_INTERPRET", "1")
     return e
 
 
 def start(args: list[str], log: Path, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
-        return subprocess.Popen([sys.executable, "-m", "kassay.cli", *args], stdout=fh,
-                                stderr=subprocess.STDOUT, env={**env(), **extra_env})
+        return subprocess.Popen(
+            [sys.executable, "-m", "kassay.cli", *args],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env={**env(), **extra_env},
+        )
 
 
 def wait_ready(url: str, timeout: float = 180) -> None:
@@ -76,35 +89,57 @@ def wait_ready(url: str, timeout: float = 180) -> None:
 # ------------------------------------------------------------------------- per-case overhead
 
 
-def per_case(url: str, n_seeds: int, reps: int) -> dict[str, Any]:
-    from kassay_client import Client
-
+def local_main(argv: list[str]) -> None:
+    """Child process: time `run_job` (the engine of `kassay run`) on the job, in a process that
+    imports what `kassay run` imports, like the worker's executor; prints seconds per rep."""
     from kassay.validate.local import run_job
     from kassay.validate.spec import parse_spec
 
+    n_seeds, reps = int(argv[0]), int(argv[1])
+    run_job(parse_spec(spec(1)), device="cpu", ceilings=False)  # imports, first-call costs
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        report = run_job(parse_spec(spec(n_seeds)), device="cpu", ceilings=False)
+        times.append(time.perf_counter() - t0)
+        assert report.summary.total == 2 * n_seeds
+    print(json.dumps(times))
+
+
+def per_case(url: str, n_seeds: int, reps: int) -> dict[str, Any]:
+    from kassay_client import Client
+
     job_spec = spec(n_seeds)
     n_cases = 2 * n_seeds
-    run_job(parse_spec(spec(1)), device="cpu", ceilings=False)  # imports, first-call costs
-    local, remote, added = [], [], []
+    out = subprocess.run(
+        [sys.executable, __file__, "--local-child", str(n_seeds), str(reps)],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=True,
+        timeout=1200,
+    )
+    local_s = json.loads(out.stdout.strip().splitlines()[-1])
+    remote_s = []
     with Client(url, timeout=60) as client:
         client.jobs.wait(client.jobs.create(spec(1)).id, timeout=120)  # warm the worker
         for _ in range(reps):
             t0 = time.perf_counter()
-            report = run_job(parse_spec(job_spec), device="cpu", ceilings=False)
-            t_local = time.perf_counter() - t0
-            assert report.summary.total == n_cases
-            t0 = time.perf_counter()
             job = client.jobs.wait(client.jobs.create(job_spec).id, timeout=600)
-            t_remote = time.perf_counter() - t0
+            remote_s.append(time.perf_counter() - t0)
             assert job.progress.done == n_cases and job.state == "finished"
-            local.append(t_local / n_cases * 1e3)
-            remote.append(t_remote / n_cases * 1e3)
-            added.append((t_remote - t_local) / n_cases * 1e3)
+    local = [t / n_cases * 1e3 for t in local_s]
+    remote = [t / n_cases * 1e3 for t in remote_s]
+    added = [r - loc for r, loc in zip(remote, local, strict=True)]
     return {
-        "cases_per_job": n_cases, "groups_per_job": n_seeds, "repetitions": reps,
+        "cases_per_job": n_cases,
+        "groups_per_job": n_seeds,
+        "repetitions": reps,
         "in_process_ms_per_case": [round(x, 3) for x in local],
         "service_ms_per_case": [round(x, 3) for x in remote],
         "added_ms_per_case": [round(x, 3) for x in added],
+        "median_in_process_ms_per_case": round(statistics.median(local), 3),
+        "median_service_ms_per_case": round(statistics.median(remote), 3),
         "median_added_ms_per_case": round(statistics.median(added), 3),
         "target_ms": 5.0,
     }
@@ -153,24 +188,49 @@ def load_main(argv: list[str]) -> None:
 
 def get_throughput(url: str, job_id: str, n: int, conns: int) -> dict[str, Any]:
     host, port = url.split("//", 1)[1].split(":")
-    out = subprocess.run([sys.executable, __file__, "--load-child", host, port,
-                          f"/v1/jobs/{job_id}", str(n), str(conns)],
-                         capture_output=True, text=True, env=env(), check=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--load-child",
+            host,
+            port,
+            f"/v1/jobs/{job_id}",
+            str(n),
+            str(conns),
+        ],
+        capture_output=True,
+        text=True,
+        env=env(),
+        check=True,
+        timeout=600,
+    )
     data = json.loads(out.stdout)
     lat = sorted(data["lat_ms"])
 
     def pct(p: float) -> float:
         return round(lat[min(len(lat) - 1, int(p / 100 * len(lat)))], 3)
 
-    return {"requests": len(lat), "connections": conns, "wall_s": round(data["wall_s"], 3),
-            "req_per_s": round(len(lat) / data["wall_s"], 1), "p50_ms": pct(50),
-            "p90_ms": pct(90), "p99_ms": pct(99), "max_ms": round(lat[-1], 3),
-            "target_req_per_s": 2000, "target_p99_ms": 25.0}
+    return {
+        "requests": len(lat),
+        "connections": conns,
+        "wall_s": round(data["wall_s"], 3),
+        "req_per_s": round(len(lat) / data["wall_s"], 1),
+        "p50_ms": pct(50),
+        "p90_ms": pct(90),
+        "p99_ms": pct(99),
+        "max_ms": round(lat[-1], 3),
+        "target_req_per_s": 2000,
+        "target_p99_ms": 25.0,
+    }
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--load-child":
         load_main(sys.argv[2:])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--local-child":
+        local_main(sys.argv[2:])
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=50, help="groups per job (2 cases each)")
@@ -183,17 +243,26 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kassay-bench-"))
     wport, aport = free_port(), free_port()
     url = f"http://127.0.0.1:{aport}"
-    worker = start(["worker", "--listen", f"127.0.0.1:{wport}", "--device", "cpu"],
-                   tmp / "worker.log", {})
-    api = start(["api", "--port", str(aport), "--log-level", "warning"], tmp / "api.log",
-                {"KASSAY_WORKERS": f"127.0.0.1:{wport}",
-                 "KASSAY_DATABASE_URL": f"sqlite:///{tmp / 'k.db'}"})
+    worker = start(
+        ["worker", "--listen", f"127.0.0.1:{wport}", "--device", "cpu"], tmp / "worker.log", {}
+    )
+    api = start(
+        ["api", "--port", str(aport), "--log-level", "warning"],
+        tmp / "api.log",
+        {
+            "KASSAY_WORKERS": f"127.0.0.1:{wport}",
+            "KASSAY_DATABASE_URL": f"sqlite:///{tmp / 'k.db'}",
+        },
+    )
     try:
         wait_ready(url)
         overhead = per_case(url, args.seeds, args.reps)
-        print(f"per case: in-process {statistics.median(overhead['in_process_ms_per_case'])} "
-              f"ms, service {statistics.median(overhead['service_ms_per_case'])} ms, added "
-              f"(median) {overhead['median_added_ms_per_case']} ms", flush=True)
+        print(
+            f"per case: in-process {overhead['median_in_process_ms_per_case']} ms, service "
+            f"{overhead['median_service_ms_per_case']} ms, added "
+            f"{overhead['median_added_ms_per_case']} ms (medians)",
+            flush=True,
+        )
         from kassay_client import Client
 
         get: dict[str, Any] = {}
@@ -205,9 +274,12 @@ def main() -> None:
             for state, job_id in (("running", running), ("finished", finished)):
                 get[state] = get_throughput(url, job_id, args.requests, args.connections)
                 g = get[state]
-                print(f"GET /v1/jobs/{{id}} ({state} job): {g['req_per_s']} req/s, p50 "
-                      f"{g['p50_ms']} ms, p99 {g['p99_ms']} ms ({g['requests']} requests, "
-                      f"{g['connections']} connections)", flush=True)
+                print(
+                    f"GET /v1/jobs/{{id}} ({state} job): {g['req_per_s']} req/s, p50 "
+                    f"{g['p50_ms']} ms, p99 {g['p99_ms']} ms ({g['requests']} requests, "
+                    f"{g['connections']} connections)",
+                    flush=True,
+                )
             assert client.jobs.get(running).state == "running"
             client.jobs.cancel(running)
     finally:
@@ -221,11 +293,16 @@ def main() -> None:
     import uvicorn
 
     result = {
-        "benchmark": "service", "date": time.strftime("%Y-%m-%d"),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                    "python": platform.python_version()},
+        "benchmark": "service",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+        },
         "versions": {"uvicorn": uvicorn.__version__, "httpx": httpx.__version__},
-        "per_case_overhead": overhead, "get_job": get,
+        "per_case_overhead": overhead,
+        "get_job": get,
     }
     text = json.dumps(result, indent=2)
     if args.out:

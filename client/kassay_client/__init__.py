@@ -1,9 +1,9 @@
 """kassay_client: the Python SDK of the kassay service (HTTP only; no service imports).
 
-    from kassay_client import Client
-    client = Client("http://127.0.0.1:8000")          # or $KASSAY_SERVER / $KASSAY_TOKEN
-    job = client.jobs.create({"name": "smoke", "suites": [...]})
-    job = client.jobs.wait(job.id, timeout=600)
+from kassay_client import Client
+client = Client("http://127.0.0.1:8000")          # or $KASSAY_SERVER / $KASSAY_TOKEN
+job = client.jobs.create({"name": "smoke", "suites": [...]})
+job = client.jobs.wait(job.id, timeout=600)
 """
 
 __version__ = "0.1.0"
@@ -39,9 +39,30 @@ from kassay_client.models import (
 )
 
 __all__ = [
-    "APIConnectionError", "APIError", "APIStatusError", "APITimeoutError", "AsyncClient",
-    "AuthenticationError", "BadRequestError", "CaseResult", "Client", "ConflictError",
-    "InternalServerError", "Job", "JobEvent", "JobPage", "KassayError", "NotFoundError",
-    "PayloadTooLargeError", "PermissionDeniedError", "Progress", "RateLimitError", "Report",
-    "Summary", "UnprocessableEntityError", "WaitTimeoutError", "Worker", "__version__",
+    "APIConnectionError",
+    "APIError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AsyncClient",
+    "AuthenticationError",
+    "BadRequestError",
+    "CaseResult",
+    "Client",
+    "ConflictError",
+    "InternalServerError",
+    "Job",
+    "JobEvent",
+    "JobPage",
+    "KassayError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "Progress",
+    "RateLimitError",
+    "Report",
+    "Summary",
+    "UnprocessableEntityError",
+    "WaitTimeoutError",
+    "Worker",
+    "__version__",
 ]

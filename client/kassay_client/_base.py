@@ -116,8 +116,13 @@ def to_event(event: str, data: str, event_id: str | None) -> JobEvent | None:
     return None
 
 
-def list_params(state: str | None, labels: Mapping[str, str] | Iterable[str] | None,
-                name: str | None, limit: int, cursor: str | None) -> list[tuple[str, str]]:
+def list_params(
+    state: str | None,
+    labels: Mapping[str, str] | Iterable[str] | None,
+    name: str | None,
+    limit: int,
+    cursor: str | None,
+) -> list[tuple[str, str]]:
     params: list[tuple[str, str]] = [("limit", str(limit))]
     if state:
         params.append(("state", state))
@@ -132,8 +137,12 @@ def list_params(state: str | None, labels: Mapping[str, str] | Iterable[str] | N
     return params
 
 
-REPORT_MEDIA = {"json": "application/json", "junit": "application/xml",
-                "markdown": "text/markdown", "html": "text/html"}
+REPORT_MEDIA = {
+    "json": "application/json",
+    "junit": "application/xml",
+    "markdown": "text/markdown",
+    "html": "text/html",
+}
 
 
 def request_of(exc: httpx.RequestError) -> httpx.Request | None:

@@ -1,8 +1,8 @@
 """The asynchronous client: the same calls as `Client`, awaited.
 
-    async with AsyncClient("http://127.0.0.1:8000") as client:
-        job = await client.jobs.create({"name": "x", "suites": [...]})
-        job = await client.jobs.wait(job.id)
+async with AsyncClient("http://127.0.0.1:8000") as client:
+    job = await client.jobs.create({"name": "x", "suites": [...]})
+    job = await client.jobs.wait(job.id)
 """
 
 from __future__ import annotations
@@ -40,15 +40,22 @@ AsyncEventCallback = Callable[[JobEvent], Awaitable[None] | None]
 class AsyncClient:
     """The async kassay API client; see `Client` for the arguments and retry policy."""
 
-    def __init__(self, base_url: str | None = None, *, token: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
-                 http_client: httpx.AsyncClient | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        http_client: httpx.AsyncClient | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = resolve_base_url(base_url)
         self.max_retries = max_retries
         self.timeout = timeout
         self._http = http_client or httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout, transport=transport)
+            base_url=self.base_url, timeout=timeout, transport=transport
+        )
         self._http.headers.update(default_headers(token))
         self.jobs = AsyncJobs(self)
         self.workers = AsyncWorkers(self)
@@ -62,15 +69,22 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def request(self, method: str, path: str, *, idempotent: bool = True,
-                      params: Any = None, content: bytes | None = None,
-                      headers: Mapping[str, str] | None = None) -> httpx.Response:
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool = True,
+        params: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         attempt = 0
         while True:
             try:
-                response = await self._http.request(method, path, params=params,
-                                                    content=content,
-                                                    headers=dict(headers or {}))
+                response = await self._http.request(
+                    method, path, params=params, content=content, headers=dict(headers or {})
+                )
             except httpx.TimeoutException as exc:
                 if idempotent and attempt < self.max_retries:
                     await asyncio.sleep(backoff(attempt))
@@ -82,12 +96,12 @@ class AsyncClient:
                     await asyncio.sleep(backoff(attempt))
                     attempt += 1
                     continue
-                raise APIConnectionError(f"could not reach {self.base_url}: {exc}",
-                                         request=request_of(exc)) from exc
+                raise APIConnectionError(
+                    f"could not reach {self.base_url}: {exc}", request=request_of(exc)
+                ) from exc
             if response.status_code < 400:
                 return response
-            if idempotent and response.status_code in RETRY_STATUSES and \
-                    attempt < self.max_retries:
+            if idempotent and response.status_code in RETRY_STATUSES and attempt < self.max_retries:
                 await asyncio.sleep(backoff(attempt, response))
                 attempt += 1
                 continue
@@ -103,53 +117,72 @@ class AsyncJobs:
     def __init__(self, client: AsyncClient) -> None:
         self._c = client
 
-    async def create(self, spec: SpecInput, *, idempotency_key: str | None = None,
-                     labels: Mapping[str, str] | None = None) -> Job:
+    async def create(
+        self,
+        spec: SpecInput,
+        *,
+        idempotency_key: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Job:
         body, ctype = encode_spec(spec, labels)
         key = idempotency_key or new_idempotency_key()
-        r = await self._c.request("POST", "/v1/jobs", content=body,
-                                  headers={"Content-Type": ctype, "Idempotency-Key": key})
+        r = await self._c.request(
+            "POST",
+            "/v1/jobs",
+            content=body,
+            headers={"Content-Type": ctype, "Idempotency-Key": key},
+        )
         return Job.model_validate_json(r.content)
 
     async def get(self, job_id: str) -> Job:
         r = await self._c.request("GET", f"/v1/jobs/{job_id}")
         return Job.model_validate_json(r.content)
 
-    async def list(self, *, state: str | None = None,
-                   labels: Mapping[str, str] | Iterable[str] | None = None,
-                   name: str | None = None, limit: int = 50,
-                   cursor: str | None = None) -> JobPage:
-        r = await self._c.request("GET", "/v1/jobs",
-                                  params=list_params(state, labels, name, limit, cursor))
+    async def list(
+        self,
+        *,
+        state: str | None = None,
+        labels: Mapping[str, str] | Iterable[str] | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> JobPage:
+        r = await self._c.request(
+            "GET", "/v1/jobs", params=list_params(state, labels, name, limit, cursor)
+        )
         return JobPage.model_validate_json(r.content)
 
     @overload
     async def report(self, job_id: str, *, format: Literal["json"] = "json") -> Report: ...
     @overload
-    async def report(self, job_id: str, *,
-                     format: Literal["junit", "markdown", "html"]) -> str: ...
+    async def report(self, job_id: str, *, format: Literal["junit", "markdown", "html"]) -> str: ...
 
     async def report(self, job_id: str, *, format: str = "json") -> Report | str:
         if format not in REPORT_MEDIA:
             raise ValueError(f"format must be one of {', '.join(REPORT_MEDIA)}")
-        r = await self._c.request("GET", f"/v1/jobs/{job_id}/report",
-                                  params={"format": format},
-                                  headers={"Accept": REPORT_MEDIA[format]})
+        r = await self._c.request(
+            "GET",
+            f"/v1/jobs/{job_id}/report",
+            params={"format": format},
+            headers={"Accept": REPORT_MEDIA[format]},
+        )
         return Report.model_validate_json(r.content) if format == "json" else r.text
 
     async def cancel(self, job_id: str) -> Job:
         r = await self._c.request("POST", f"/v1/jobs/{job_id}/cancel")
         return Job.model_validate_json(r.content)
 
-    async def events(self, job_id: str, *, after: int = 0,
-                     read_timeout: float = 30.0) -> AsyncIterator[JobEvent]:
+    async def events(
+        self, job_id: str, *, after: int = 0, read_timeout: float = 30.0
+    ) -> AsyncIterator[JobEvent]:
         headers = {"Accept": "text/event-stream"}
         if after:
             headers["Last-Event-ID"] = str(after)
         timeout = httpx.Timeout(self._c.timeout, read=read_timeout)
         try:
-            async with self._c._http.stream("GET", f"/v1/jobs/{job_id}/events",
-                                            headers=headers, timeout=timeout) as r:
+            async with self._c._http.stream(
+                "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout
+            ) as r:
                 if r.status_code >= 400:
                     await r.aread()
                     raise status_error(r)
@@ -168,9 +201,14 @@ class AsyncJobs:
         except httpx.TransportError as exc:
             raise APIConnectionError(f"event stream of {job_id} broke: {exc}") from exc
 
-    async def wait(self, job_id: str, *, timeout: float | None = None,
-                   on_event: AsyncEventCallback | None = None,
-                   poll_interval: float = 1.0) -> Job:
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: float | None = None,
+        on_event: AsyncEventCallback | None = None,
+        poll_interval: float = 1.0,
+    ) -> Job:
         """See `Jobs.wait`; `on_event` may be a coroutine function."""
 
         async def emit(event: JobEvent) -> None:
@@ -185,7 +223,8 @@ class AsyncJobs:
             remaining = _remaining(deadline)
             try:
                 async for event in self.events(
-                        job_id, after=last, read_timeout=min(30.0, remaining or 30.0) + 0.5):
+                    job_id, after=last, read_timeout=min(30.0, remaining or 30.0) + 0.5
+                ):
                     if event.id is not None and event.event == "result":
                         last = event.id
                     await emit(event)
@@ -211,8 +250,9 @@ class AsyncJobs:
                     return job
             _check_deadline(deadline, job_id, job)
             remaining = _remaining(deadline)
-            await asyncio.sleep(poll_interval if remaining is None
-                                else min(poll_interval, remaining))
+            await asyncio.sleep(
+                poll_interval if remaining is None else min(poll_interval, remaining)
+            )
 
 
 class AsyncWorkers:

@@ -29,10 +29,14 @@ def register(sub: Any) -> None:
     p = sub.add_parser("submit", help="submit a job spec to a kassay server")
     _server_args(p)
     p.add_argument("spec", help="job spec file (YAML or JSON); - reads stdin")
-    p.add_argument("--label", action="append", default=[], metavar="K=V",
-                   help="add a label (repeat)")
-    p.add_argument("--idempotency-key", default=None,
-                   help="resubmitting with the same key returns the same job")
+    p.add_argument(
+        "--label", action="append", default=[], metavar="K=V", help="add a label (repeat)"
+    )
+    p.add_argument(
+        "--idempotency-key",
+        default=None,
+        help="resubmitting with the same key returns the same job",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the job and report it")
     _wait_args(p)
     p.set_defaults(func=cmd_submit)
@@ -55,8 +59,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("report", help="print or save a job's report")
     _server_args(p)
     p.add_argument("job_id")
-    p.add_argument("--format", choices=["markdown", "json", "junit", "html"],
-                   default="markdown")
+    p.add_argument("--format", choices=["markdown", "json", "junit", "html"], default="markdown")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_report)
 
@@ -67,10 +70,12 @@ def register(sub: Any) -> None:
 
 
 def _server_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", default=os.environ.get("KASSAY_SERVER"),
-                   help="API URL (default $KASSAY_SERVER)")
-    p.add_argument("--token", default=os.environ.get("KASSAY_TOKEN"),
-                   help="API token (default $KASSAY_TOKEN)")
+    p.add_argument(
+        "--server", default=os.environ.get("KASSAY_SERVER"), help="API URL (default $KASSAY_SERVER)"
+    )
+    p.add_argument(
+        "--token", default=os.environ.get("KASSAY_TOKEN"), help="API token (default $KASSAY_TOKEN)"
+    )
 
 
 def _wait_args(p: argparse.ArgumentParser) -> None:
@@ -152,8 +157,7 @@ def _labels(items: list[str]) -> dict[str, str]:
     return out
 
 
-def follow(client: Client, job: Job, *, timeout: float | None = None,
-           quiet: bool = False) -> Job:
+def follow(client: Client, job: Job, *, timeout: float | None = None, quiet: bool = False) -> Job:
     """Wait for a job with a rich progress bar on stderr."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -164,11 +168,18 @@ def follow(client: Client, job: Job, *, timeout: float | None = None,
         return client.jobs.wait(job.id, timeout=timeout)
     console = Console(stderr=True)
     counts: dict[str, int] = {}
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
-                  console=console, transient=False) as bar:
-        task = bar.add_task(job.name, total=job.progress.total, completed=job.progress.done,
-                            counts="")
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[counts]}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    ) as bar:
+        task = bar.add_task(
+            job.name, total=job.progress.total, completed=job.progress.done, counts=""
+        )
 
         def on_event(event: JobEvent) -> None:
             if event.result is not None:
@@ -176,16 +187,33 @@ def follow(client: Client, job: Job, *, timeout: float | None = None,
                 bar.update(task, completed=sum(counts.values()), counts=_counts_text(counts))
             elif event.job is not None:
                 p = event.job.progress
-                snap = {s: getattr(p, s) for s in ("passed", "failed", "error", "crashed",
-                                                   "timeout", "unsupported", "skipped")}
+                snap = {
+                    s: getattr(p, s)
+                    for s in (
+                        "passed",
+                        "failed",
+                        "error",
+                        "crashed",
+                        "timeout",
+                        "unsupported",
+                        "skipped",
+                    )
+                }
                 bar.update(task, completed=p.done, counts=_counts_text(snap))
 
         return client.jobs.wait(job.id, timeout=timeout, on_event=on_event)
 
 
 def _counts_text(counts: dict[str, int]) -> str:
-    colors = {"passed": "green", "failed": "red", "error": "magenta", "crashed": "magenta",
-              "timeout": "magenta", "unsupported": "dim", "skipped": "dim"}
+    colors = {
+        "passed": "green",
+        "failed": "red",
+        "error": "magenta",
+        "crashed": "magenta",
+        "timeout": "magenta",
+        "unsupported": "dim",
+        "skipped": "dim",
+    }
     return " ".join(f"[{colors.get(k, 'white')}]{k} {v}[/]" for k, v in counts.items() if v)
 
 
@@ -193,29 +221,48 @@ def summary_table(report: Report, *, max_rows: int = 60) -> Any:
     """A rich table of the cases (problems first), with the summary as its caption."""
     from rich.table import Table
 
-    order = {"crashed": 0, "timeout": 1, "error": 2, "failed": 3, "unsupported": 4,
-             "skipped": 5, "passed": 6}
+    order = {
+        "crashed": 0,
+        "timeout": 1,
+        "error": 2,
+        "failed": 3,
+        "unsupported": 4,
+        "skipped": 5,
+        "passed": 6,
+    }
     cases = sorted(report.cases, key=lambda c: order.get(c.status, 9))
     s = report.summary
-    caption = (f"{s.total} cases: {s.passed} passed, {s.failed} failed, {s.error} error, "
-               f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
-               f"{s.skipped} skipped")
+    caption = (
+        f"{s.total} cases: {s.passed} passed, {s.failed} failed, {s.error} error, "
+        f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
+        f"{s.skipped} skipped"
+    )
     table = Table(title=f"kassay · {report.name} · {report.state}", caption=caption)
-    for col in ("op", "impl", "params", "regime", "status", "worst rel_l2", "median ms",
-                "message"):
+    for col in ("op", "impl", "params", "regime", "status", "worst rel_l2", "median ms", "message"):
         table.add_column(col, overflow="fold")
-    style = {"passed": "green", "failed": "red", "error": "magenta", "crashed": "magenta",
-             "timeout": "magenta"}
+    style = {
+        "passed": "green",
+        "failed": "red",
+        "error": "magenta",
+        "crashed": "magenta",
+        "timeout": "magenta",
+    }
     varying = _varying_params(report)
     for c in cases[:max_rows]:
         rel = max((float(o.get("rel_l2", 0.0)) for o in c.outputs), default=None)
         ms = c.timing.get("median_ms") if c.timing else None
         keys = varying.get(c.op) or list(c.params)[:3]
         params = ",".join(f"{k}={c.params.get(k)}" for k in keys)
-        table.add_row(c.op, c.impl, params, c.regime,
-                      f"[{style.get(c.status, 'dim')}]{c.status}[/]",
-                      "" if rel is None else f"{rel:.2e}",
-                      "" if ms is None else f"{ms:.3f}", c.message[:120])
+        table.add_row(
+            c.op,
+            c.impl,
+            params,
+            c.regime,
+            f"[{style.get(c.status, 'dim')}]{c.status}[/]",
+            "" if rel is None else f"{rel:.2e}",
+            "" if ms is None else f"{ms:.3f}",
+            c.message[:120],
+        )
     if len(cases) > max_rows:
         table.add_row("…", f"{len(cases) - max_rows} more", "", "", "", "", "", "")
     return table
@@ -232,8 +279,14 @@ def _varying_params(report: Report) -> dict[str, list[str]]:
     return {op: [k for k, vals in per.items() if len(vals) > 1] for op, per in seen.items()}
 
 
-def write_reports(client: Client, job_id: str, *, junit: str | None = None,
-                  markdown: str | None = None, json_path: str | None = None) -> None:
+def write_reports(
+    client: Client,
+    job_id: str,
+    *,
+    junit: str | None = None,
+    markdown: str | None = None,
+    json_path: str | None = None,
+) -> None:
     for fmt, path in (("junit", junit), ("markdown", markdown), ("json", json_path)):
         if not path:
             continue
@@ -249,8 +302,7 @@ def finish(client: Client, job: Job, args: argparse.Namespace) -> int:
     job = follow(client, job, timeout=args.timeout, quiet=args.quiet)
     report = client.jobs.report(job.id)
     Console().print(summary_table(report))
-    write_reports(client, job.id, junit=args.junit, markdown=args.markdown,
-                  json_path=args.json)
+    write_reports(client, job.id, junit=args.junit, markdown=args.markdown, json_path=args.json)
     code = exit_code(job)
     print(f"job {job.id} {job.state}: exit {code}", file=sys.stderr)
     return code
@@ -269,10 +321,14 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"kassay: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
             return EXIT_ERROR
     with _client(args) as client:
-        job = client.jobs.create(text, labels=_labels(args.label) or None,
-                                 idempotency_key=args.idempotency_key)
-        print(f"job {job.id} {job.state}: {job.progress.total} cases  "
-              f"{client.base_url}{job.links.get('self', '')}", file=sys.stderr)
+        job = client.jobs.create(
+            text, labels=_labels(args.label) or None, idempotency_key=args.idempotency_key
+        )
+        print(
+            f"job {job.id} {job.state}: {job.progress.total} cases  "
+            f"{client.base_url}{job.links.get('self', '')}",
+            file=sys.stderr,
+        )
         if not (args.wait or args.junit or args.markdown or args.json):
             print(job.id)
             return EXIT_PASSED
@@ -291,22 +347,40 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     with _client(args) as client:
-        page = client.jobs.list(state=args.state, labels=_labels(args.label) or None,
-                                name=args.name, limit=args.limit)
+        page = client.jobs.list(
+            state=args.state, labels=_labels(args.label) or None, name=args.name, limit=args.limit
+        )
     if args.json:
         print(json.dumps([j.model_dump(mode="json") for j in page.items], indent=2))
         return EXIT_PASSED
     table = Table()
-    for col in ("id", "name", "state", "ok", "cases", "passed", "failed", "other", "created",
-                "labels"):
+    for col in (
+        "id",
+        "name",
+        "state",
+        "ok",
+        "cases",
+        "passed",
+        "failed",
+        "other",
+        "created",
+        "labels",
+    ):
         table.add_column(col)
     for j in page.items:
         p = j.progress
-        table.add_row(j.id, j.name, j.state, "" if j.ok is None else str(j.ok).lower(),
-                      f"{p.done}/{p.total}", str(p.passed), str(p.failed),
-                      str(p.error + p.crashed + p.timeout),
-                      j.created_at.strftime("%Y-%m-%d %H:%M:%S"),
-                      ",".join(f"{k}={v}" for k, v in j.labels.items()))
+        table.add_row(
+            j.id,
+            j.name,
+            j.state,
+            "" if j.ok is None else str(j.ok).lower(),
+            f"{p.done}/{p.total}",
+            str(p.passed),
+            str(p.failed),
+            str(p.error + p.crashed + p.timeout),
+            j.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            ",".join(f"{k}={v}" for k, v in j.labels.items()),
+        )
     Console().print(table)
     return EXIT_PASSED
 
@@ -314,8 +388,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 @_guarded
 def cmd_report(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        r = client.request("GET", f"/v1/jobs/{args.job_id}/report",
-                           params={"format": args.format})
+        r = client.request("GET", f"/v1/jobs/{args.job_id}/report", params={"format": args.format})
     if args.output:
         Path(args.output).write_text(r.text)
         print(f"wrote {args.format} report to {args.output}", file=sys.stderr)
@@ -332,12 +405,25 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return EXIT_PASSED
 
 
-def submit_and_report(server: str, spec_path: str, *, token: str | None = None,
-                      print_markdown: bool = False, timeout: float | None = None) -> int:
+def submit_and_report(
+    server: str,
+    spec_path: str,
+    *,
+    token: str | None = None,
+    print_markdown: bool = False,
+    timeout: float | None = None,
+) -> int:
     """Submit a spec file, follow it, print the summary table (and the Markdown report); the
     exit code. Used by `kassay demo`."""
-    args = argparse.Namespace(server=server, token=token, timeout=timeout, junit=None,
-                              markdown=None, json=None, quiet=False)
+    args = argparse.Namespace(
+        server=server,
+        token=token,
+        timeout=timeout,
+        junit=None,
+        markdown=None,
+        json=None,
+        quiet=False,
+    )
 
     @_guarded
     def run(args: argparse.Namespace) -> int:

@@ -1,11 +1,11 @@
 """The synchronous client.
 
-    from kassay_client import Client
+from kassay_client import Client
 
-    with Client("http://127.0.0.1:8000", token="...") as client:
-        job = client.jobs.create(Path("examples/smoke.yaml"))
-        job = client.jobs.wait(job.id, timeout=600)
-        print(client.jobs.report(job.id, format="markdown"))
+with Client("http://127.0.0.1:8000", token="...") as client:
+    job = client.jobs.create(Path("examples/smoke.yaml"))
+    job = client.jobs.wait(job.id, timeout=600)
+    print(client.jobs.report(job.id, format="markdown"))
 """
 
 from __future__ import annotations
@@ -50,15 +50,22 @@ class Client:
     Idempotent calls (reads, cancel, and create with an idempotency key, which create always
     sends) are retried `max_retries` times with backoff on connection errors and 5xx."""
 
-    def __init__(self, base_url: str | None = None, *, token: str | None = None,
-                 timeout: float = DEFAULT_TIMEOUT, max_retries: int = DEFAULT_MAX_RETRIES,
-                 http_client: httpx.Client | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        http_client: httpx.Client | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self.base_url = resolve_base_url(base_url)
         self.max_retries = max_retries
         self.timeout = timeout
         self._http = http_client or httpx.Client(
-            base_url=self.base_url, timeout=timeout, transport=transport)
+            base_url=self.base_url, timeout=timeout, transport=transport
+        )
         self._http.headers.update(default_headers(token))
         self.jobs = Jobs(self)
         self.workers = Workers(self)
@@ -72,15 +79,23 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def request(self, method: str, path: str, *, idempotent: bool = True,
-                params: Any = None, content: bytes | None = None,
-                headers: Mapping[str, str] | None = None) -> httpx.Response:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        idempotent: bool = True,
+        params: Any = None,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
         """Send a request, retrying idempotent ones; raise the SDK error for 4xx/5xx."""
         attempt = 0
         while True:
             try:
-                response = self._http.request(method, path, params=params, content=content,
-                                              headers=dict(headers or {}))
+                response = self._http.request(
+                    method, path, params=params, content=content, headers=dict(headers or {})
+                )
             except httpx.TimeoutException as exc:
                 if idempotent and attempt < self.max_retries:
                     time.sleep(backoff(attempt))
@@ -92,12 +107,12 @@ class Client:
                     time.sleep(backoff(attempt))
                     attempt += 1
                     continue
-                raise APIConnectionError(f"could not reach {self.base_url}: {exc}",
-                                         request=request_of(exc)) from exc
+                raise APIConnectionError(
+                    f"could not reach {self.base_url}: {exc}", request=request_of(exc)
+                ) from exc
             if response.status_code < 400:
                 return response
-            if idempotent and response.status_code in RETRY_STATUSES and \
-                    attempt < self.max_retries:
+            if idempotent and response.status_code in RETRY_STATUSES and attempt < self.max_retries:
                 time.sleep(backoff(attempt, response))
                 attempt += 1
                 continue
@@ -119,36 +134,56 @@ class Jobs:
     def __init__(self, client: Client) -> None:
         self._c = client
 
-    def create(self, spec: SpecInput, *, idempotency_key: str | None = None,
-               labels: Mapping[str, str] | None = None) -> Job:
+    def create(
+        self,
+        spec: SpecInput,
+        *,
+        idempotency_key: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Job:
         """Submit a job. `spec` is a dict, YAML/JSON text, or a Path to a spec file; `labels`
         are merged into the spec's. The same `idempotency_key` returns the same job; without
         one, a fresh key still makes the call's own retries safe."""
         body, ctype = encode_spec(spec, labels)
         key = idempotency_key or new_idempotency_key()
-        r = self._c.request("POST", "/v1/jobs", content=body,
-                            headers={"Content-Type": ctype, "Idempotency-Key": key})
+        r = self._c.request(
+            "POST",
+            "/v1/jobs",
+            content=body,
+            headers={"Content-Type": ctype, "Idempotency-Key": key},
+        )
         return Job.model_validate_json(r.content)
 
     def get(self, job_id: str) -> Job:
         return Job.model_validate_json(self._c.request("GET", f"/v1/jobs/{job_id}").content)
 
-    def list(self, *, state: str | None = None,
-             labels: Mapping[str, str] | Iterable[str] | None = None, name: str | None = None,
-             limit: int = 50, cursor: str | None = None) -> JobPage:
+    def list(
+        self,
+        *,
+        state: str | None = None,
+        labels: Mapping[str, str] | Iterable[str] | None = None,
+        name: str | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> JobPage:
         """One page of jobs, newest first; pass `next_cursor` back as `cursor`."""
-        r = self._c.request("GET", "/v1/jobs",
-                            params=list_params(state, labels, name, limit, cursor))
+        r = self._c.request(
+            "GET", "/v1/jobs", params=list_params(state, labels, name, limit, cursor)
+        )
         return JobPage.model_validate_json(r.content)
 
-    def iter(self, *, state: str | None = None,
-             labels: Mapping[str, str] | Iterable[str] | None = None,
-             name: str | None = None, page_size: int = 100) -> Iterator[Job]:
+    def iter(
+        self,
+        *,
+        state: str | None = None,
+        labels: Mapping[str, str] | Iterable[str] | None = None,
+        name: str | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Job]:
         """Every matching job, newest first, page by page."""
         cursor: str | None = None
         while True:
-            page = self.list(state=state, labels=labels, name=name, limit=page_size,
-                             cursor=cursor)
+            page = self.list(state=state, labels=labels, name=name, limit=page_size, cursor=cursor)
             yield from page.items
             if not page.next_cursor:
                 return
@@ -163,24 +198,30 @@ class Jobs:
         """The report: a Report model for json, the text for junit, markdown and html."""
         if format not in REPORT_MEDIA:
             raise ValueError(f"format must be one of {', '.join(REPORT_MEDIA)}")
-        r = self._c.request("GET", f"/v1/jobs/{job_id}/report", params={"format": format},
-                            headers={"Accept": REPORT_MEDIA[format]})
+        r = self._c.request(
+            "GET",
+            f"/v1/jobs/{job_id}/report",
+            params={"format": format},
+            headers={"Accept": REPORT_MEDIA[format]},
+        )
         return Report.model_validate_json(r.content) if format == "json" else r.text
 
     def cancel(self, job_id: str) -> Job:
         r = self._c.request("POST", f"/v1/jobs/{job_id}/cancel")
         return Job.model_validate_json(r.content)
 
-    def events(self, job_id: str, *, after: int = 0,
-               read_timeout: float = 30.0) -> Iterator[JobEvent]:
+    def events(
+        self, job_id: str, *, after: int = 0, read_timeout: float = 30.0
+    ) -> Iterator[JobEvent]:
         """The job's server-sent events from `after` on: `result` events, then `final`."""
         headers = {"Accept": "text/event-stream"}
         if after:
             headers["Last-Event-ID"] = str(after)
         timeout = httpx.Timeout(self._c.timeout, read=read_timeout)
         try:
-            with self._c._http.stream("GET", f"/v1/jobs/{job_id}/events", headers=headers,
-                                      timeout=timeout) as r:
+            with self._c._http.stream(
+                "GET", f"/v1/jobs/{job_id}/events", headers=headers, timeout=timeout
+            ) as r:
                 if r.status_code >= 400:
                     r.read()
                     raise status_error(r)
@@ -199,8 +240,14 @@ class Jobs:
         except httpx.TransportError as exc:
             raise APIConnectionError(f"event stream of {job_id} broke: {exc}") from exc
 
-    def wait(self, job_id: str, *, timeout: float | None = None,
-             on_event: EventCallback | None = None, poll_interval: float = 1.0) -> Job:
+    def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: float | None = None,
+        on_event: EventCallback | None = None,
+        poll_interval: float = 1.0,
+    ) -> Job:
         """Block until the job is over and return it. Follows the SSE stream (calling
         `on_event` for each result), reconnecting where it left off; falls back to polling
         (calling `on_event` with `progress` events) when the stream is not available.
@@ -210,8 +257,9 @@ class Jobs:
         for _ in range(3):
             remaining = _remaining(deadline)
             try:
-                for event in self.events(job_id, after=last,
-                                         read_timeout=min(30.0, remaining or 30.0) + 0.5):
+                for event in self.events(
+                    job_id, after=last, read_timeout=min(30.0, remaining or 30.0) + 0.5
+                ):
                     if event.id is not None and event.event == "result":
                         last = event.id
                     if on_event is not None:
@@ -223,8 +271,13 @@ class Jobs:
                 _check_deadline(deadline, job_id)
         return self._poll(job_id, deadline, on_event, poll_interval)
 
-    def _poll(self, job_id: str, deadline: float | None, on_event: EventCallback | None,
-              poll_interval: float) -> Job:
+    def _poll(
+        self,
+        job_id: str,
+        deadline: float | None,
+        on_event: EventCallback | None,
+        poll_interval: float,
+    ) -> Job:
         unreachable_since: float | None = None
         job: Job | None = None
         while True:

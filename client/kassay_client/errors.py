@@ -1,20 +1,20 @@
 """The SDK's exception tree, by HTTP status (as openai-python does it):
 
-    KassayError
-    ├── WaitTimeoutError             jobs.wait() ran past its timeout
-    └── APIError
-        ├── APIConnectionError       the server could not be reached (after retries)
-        │   └── APITimeoutError      the request timed out (after retries)
-        └── APIStatusError           the server answered 4xx/5xx
-            ├── BadRequestError              400
-            ├── AuthenticationError          401
-            ├── PermissionDeniedError        403
-            ├── NotFoundError                404
-            ├── ConflictError                409
-            ├── PayloadTooLargeError         413
-            ├── UnprocessableEntityError     422 (invalid spec, case cap, memory)
-            ├── RateLimitError               429
-            └── InternalServerError          5xx
+KassayError
+├── WaitTimeoutError             jobs.wait() ran past its timeout
+└── APIError
+    ├── APIConnectionError       the server could not be reached (after retries)
+    │   └── APITimeoutError      the request timed out (after retries)
+    └── APIStatusError           the server answered 4xx/5xx
+        ├── BadRequestError              400
+        ├── AuthenticationError          401
+        ├── PermissionDeniedError        403
+        ├── NotFoundError                404
+        ├── ConflictError                409
+        ├── PayloadTooLargeError         413
+        ├── UnprocessableEntityError     422 (invalid spec, case cap, memory)
+        ├── RateLimitError               429
+        └── InternalServerError          5xx
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ class WaitTimeoutError(KassayError):
 class APIError(KassayError):
     """Something went wrong talking to the API."""
 
-    def __init__(self, message: str, *, request: httpx.Request | None = None,
-                 body: Any = None) -> None:
+    def __init__(
+        self, message: str, *, request: httpx.Request | None = None, body: Any = None
+    ) -> None:
         super().__init__(message)
         self.request = request
         self.body = body
@@ -53,14 +54,22 @@ class APIError(KassayError):
 class APIConnectionError(APIError):
     """The server could not be reached (refused, reset, DNS ...)."""
 
-    def __init__(self, message: str = "could not connect to the kassay API", *,
-                 request: httpx.Request | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "could not connect to the kassay API",
+        *,
+        request: httpx.Request | None = None,
+    ) -> None:
         super().__init__(message, request=request)
 
 
 class APITimeoutError(APIConnectionError):
-    def __init__(self, message: str = "the request to the kassay API timed out", *,
-                 request: httpx.Request | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "the request to the kassay API timed out",
+        *,
+        request: httpx.Request | None = None,
+    ) -> None:
         super().__init__(message, request=request)
 
 
@@ -116,9 +125,14 @@ class InternalServerError(APIStatusError):
 
 
 _BY_STATUS: dict[int, type[APIStatusError]] = {
-    400: BadRequestError, 401: AuthenticationError, 403: PermissionDeniedError,
-    404: NotFoundError, 409: ConflictError, 413: PayloadTooLargeError,
-    422: UnprocessableEntityError, 429: RateLimitError,
+    400: BadRequestError,
+    401: AuthenticationError,
+    403: PermissionDeniedError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: PayloadTooLargeError,
+    422: UnprocessableEntityError,
+    429: RateLimitError,
 }
 
 
@@ -138,8 +152,20 @@ def status_error(response: httpx.Response) -> APIStatusError:
 
 
 __all__ = [
-    "APIConnectionError", "APIError", "APIStatusError", "APITimeoutError",
-    "AuthenticationError", "BadRequestError", "ConflictError", "InternalServerError",
-    "KassayError", "NotFoundError", "PayloadTooLargeError", "PermissionDeniedError",
-    "RateLimitError", "UnprocessableEntityError", "WaitTimeoutError", "status_error",
+    "APIConnectionError",
+    "APIError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AuthenticationError",
+    "BadRequestError",
+    "ConflictError",
+    "InternalServerError",
+    "KassayError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
+    "RateLimitError",
+    "UnprocessableEntityError",
+    "WaitTimeoutError",
+    "status_error",
 ]

@@ -122,5 +122,14 @@ class JobEvent(_Model):
     job: Job | None = None
 
 
-__all__ = ["FINAL_STATES", "CaseResult", "Job", "JobEvent", "JobPage", "Progress", "Report",
-           "Summary", "Worker"]
+__all__ = [
+    "FINAL_STATES",
+    "CaseResult",
+    "Job",
+    "JobEvent",
+    "JobPage",
+    "Progress",
+    "Report",
+    "Summary",
+    "Worker",
+]

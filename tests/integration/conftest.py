@@ -53,9 +53,13 @@ class Proc:
 
     def start(self) -> Proc:
         with open(self.log, "ab") as fh:
-            self.popen = subprocess.Popen([sys.executable, "-m", "kassay.cli", *self.args],
-                                          stdout=fh, stderr=subprocess.STDOUT, env=self.env,
-                                          cwd=self.log.parent)
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "kassay.cli", *self.args],
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.log.parent,
+            )
         return self
 
     @property
@@ -93,25 +97,46 @@ class Proc:
 
 def start_worker(tmp: Path, *, port: int | None = None, name: str = "worker") -> Proc:
     port = port or free_port()
-    proc = Proc(name, ["worker", "--listen", f"127.0.0.1:{port}", "--device", "cpu",
-                       "--enable-test-impls", "--case-timeout", str(CASE_TIMEOUT_S),
-                       "--worker-id", name],
-                tmp / f"{name}.log", _env())
+    proc = Proc(
+        name,
+        [
+            "worker",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--device",
+            "cpu",
+            "--enable-test-impls",
+            "--case-timeout",
+            str(CASE_TIMEOUT_S),
+            "--worker-id",
+            name,
+        ],
+        tmp / f"{name}.log",
+        _env(),
+    )
     proc.extra["address"] = f"127.0.0.1:{port}"
     return proc.start()
 
 
-def start_api(tmp: Path, workers: list[str], *, port: int | None = None, name: str = "api",
-              db: Path | None = None, **settings: str) -> Proc:
+def start_api(
+    tmp: Path,
+    workers: list[str],
+    *,
+    port: int | None = None,
+    name: str = "api",
+    db: Path | None = None,
+    **settings: str,
+) -> Proc:
     port = port or free_port()
-    env = _env({
-        "KASSAY_WORKERS": ",".join(workers),
-        "KASSAY_DATABASE_URL": f"sqlite:///{db or tmp / 'k.db'}",
-        "KASSAY_WORKER_POLL_S": "0.5",
-        **{f"KASSAY_{k.upper()}": v for k, v in settings.items()},
-    })
-    proc = Proc(name, ["api", "--port", str(port), "--log-level", "info"], tmp / f"{name}.log",
-                env)
+    env = _env(
+        {
+            "KASSAY_WORKERS": ",".join(workers),
+            "KASSAY_DATABASE_URL": f"sqlite:///{db or tmp / 'k.db'}",
+            "KASSAY_WORKER_POLL_S": "0.5",
+            **{f"KASSAY_{k.upper()}": v for k, v in settings.items()},
+        }
+    )
+    proc = Proc(name, ["api", "--port", str(port), "--log-level", "info"], tmp / f"{name}.log", env)
     proc.extra["url"] = f"http://127.0.0.1:{port}"
     return proc.start()
 
@@ -155,8 +180,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """One CPU worker and one API (write and read tokens configured, reads open)."""
     tmp = tmp_path_factory.mktemp("stack")
     worker = start_worker(tmp)
-    api = start_api(tmp, [worker.extra["address"]], api_tokens=WRITE_TOKEN,
-                    read_tokens=READ_TOKEN, max_body_bytes="200000")
+    api = start_api(
+        tmp,
+        [worker.extra["address"]],
+        api_tokens=WRITE_TOKEN,
+        read_tokens=READ_TOKEN,
+        max_body_bytes="200000",
+    )
     st = Stack(api, [worker])
     try:
         wait_ready(api, worker)

@@ -7,28 +7,51 @@ import time
 
 import httpx
 import pytest
+
 from kassay_client import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 # Timed cases of ~0.3 s so that a job lasts a few seconds: long enough to kill something.
-SLOW = {"op": "lse_merge", "impls": ["torch", "ring_style"],
-        "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
-        "seeds": list(range(8)),
-        "timing": {"enabled": True, "warmup": 0, "min_reps": 5, "max_reps": 100_000, "target_rel_sem": 1e-6,
-                   "budget_s": 0.3}}
+SLOW = {
+    "op": "lse_merge",
+    "impls": ["torch", "ring_style"],
+    "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
+    "seeds": list(range(8)),
+    "timing": {
+        "enabled": True,
+        "warmup": 0,
+        "min_reps": 5,
+        "max_reps": 100_000,
+        "target_rel_sem": 1e-6,
+        "budget_s": 0.3,
+    },
+}
 
 
 def test_crash_hang_raise_fail_alone(client: Client) -> None:
-    spec = {"name": "faults", "suites": [{
-        "op": "lse_merge", "impls": ["torch", "crash", "hang", "raise", "ring_style"],
-        "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"}, "timing": {"enabled": False}}]}
+    spec = {
+        "name": "faults",
+        "suites": [
+            {
+                "op": "lse_merge",
+                "impls": ["torch", "crash", "hang", "raise", "ring_style"],
+                "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
+                "timing": {"enabled": False},
+            }
+        ],
+    }
     job = client.jobs.create(spec)
     done = client.jobs.wait(job.id, timeout=240)
     assert done.state == "finished"
     status = {c.impl: c.status for c in client.jobs.report(job.id).cases}
-    assert status == {"torch": "passed", "crash": "crashed", "hang": "timeout",
-                      "raise": "error", "ring_style": "passed"}
+    assert status == {
+        "torch": "passed",
+        "crash": "crashed",
+        "hang": "timeout",
+        "raise": "error",
+        "ring_style": "passed",
+    }
 
 
 def _by_case(report) -> dict[str, object]:
@@ -60,7 +83,8 @@ def test_worker_killed_midjob_is_replaced(procs) -> None:
         cases = _by_case(report)
         assert len(cases) == 16
         assert all(c.status == "passed" for c in report.cases), [
-            (c.case_id, c.status, c.message) for c in report.cases if c.status != "passed"]
+            (c.case_id, c.status, c.message) for c in report.cases if c.status != "passed"
+        ]
         for gid in victim_groups:  # what A was running was finished by B
             assert any(c.group_id == gid and c.worker == "worker-b" for c in report.cases)
     finally:
@@ -93,7 +117,8 @@ def test_api_killed_midjob_resumes(procs) -> None:
         assert done.state == "finished" and done.progress.done == 16
         cases = _by_case(report)
         assert len(cases) == 16 and all(c.status == "passed" for c in report.cases), [
-            (c.case_id, c.status, c.message) for c in report.cases if c.status != "passed"]
+            (c.case_id, c.status, c.message) for c in report.cases if c.status != "passed"
+        ]
         for cid, c in before.items():  # finished cases were not run again
             assert cases[cid].model_dump() == c.model_dump()
         assert httpx.get(f"{url}/readyz").status_code == 200

@@ -5,6 +5,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 import pytest
+
 from kassay_client import (
     AuthenticationError,
     Client,
@@ -15,19 +16,27 @@ from kassay_client import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-LSE = {"op": "lse_merge", "impls": ["torch", "te_style"],
-       "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3],
-                  "mode": "step"},
-       "regimes": ["normal", "huge"], "timing": {"enabled": False}}
-FLCE = {"op": "flce", "impls": ["torch", "kassay"],
-        "params": {"N": 8, "H": 16, "V": 32, "dtype": "float32", "reduction": ["mean", "none"]},
-        "timing": {"enabled": False}}
+LSE = {
+    "op": "lse_merge",
+    "impls": ["torch", "te_style"],
+    "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3], "mode": "step"},
+    "regimes": ["normal", "huge"],
+    "timing": {"enabled": False},
+}
+FLCE = {
+    "op": "flce",
+    "impls": ["torch", "kassay"],
+    "params": {"N": 8, "H": 16, "V": 32, "dtype": "float32", "reduction": ["mean", "none"]},
+    "timing": {"enabled": False},
+}
 SPEC = {"name": "itest", "labels": {"repo": "kassay", "suite": "itest"}, "suites": [LSE, FLCE]}
 
 
 def _metrics(case) -> dict:
-    return {o["name"]: (o["max_abs"], o["rel_l2"], o["nan"], o["inf"], o["passed"])
-            for o in case.outputs}
+    return {
+        o["name"]: (o["max_abs"], o["rel_l2"], o["nan"], o["inf"], o["passed"])
+        for o in case.outputs
+    }
 
 
 def test_results_equal_local_run(client: Client) -> None:
@@ -104,8 +113,9 @@ def test_refusals(client: Client) -> None:
         client.jobs.create({**SPEC, "suites": [{**LSE, "params": {"T": 0, "Hh": 2, "D": 4}}]})
     assert exc.value.details["errors"][0]["loc"][:3] == ["suites", 0, "params"]
     with pytest.raises(UnprocessableEntityError) as exc:
-        client.jobs.create({**SPEC, "suites": [{**LSE, "params": {
-            "T": 1 << 22, "Hh": 64, "D": 256, "K": 64}}]})
+        client.jobs.create(
+            {**SPEC, "suites": [{**LSE, "params": {"T": 1 << 22, "Hh": 64, "D": 256, "K": 64}}]}
+        )
     assert exc.value.code == "ResourceError"
     with pytest.raises(UnprocessableEntityError) as exc:
         client.jobs.create({**SPEC, "suites": [{**LSE, "seeds": list(range(3000))}]})

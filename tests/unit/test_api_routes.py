@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 from fastapi.testclient import TestClient
+
 from kassay.api.app import create_app
 from kassay.api.dispatcher import WorkerLink
 from kassay.settings import Settings
@@ -15,9 +16,14 @@ from kassay.settings import Settings
 SPEC = {
     "name": "routes",
     "labels": {"repo": "kassay"},
-    "suites": [{"op": "lse_merge", "impls": ["torch", "te_style"],
-                "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3]},
-                "timing": {"enabled": False}}],
+    "suites": [
+        {
+            "op": "lse_merge",
+            "impls": ["torch", "te_style"],
+            "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3]},
+            "timing": {"enabled": False},
+        }
+    ],
 }
 
 
@@ -38,8 +44,9 @@ def test_submit_json_and_yaml_get_list(client):
     job = r.json()
     assert job["state"] == "queued" and job["progress"]["total"] == 4
     assert r.headers["location"] == f"/v1/jobs/{job['id']}"
-    r2 = client.post("/v1/jobs", content=yaml.safe_dump(SPEC),
-                     headers={"content-type": "application/yaml"})
+    r2 = client.post(
+        "/v1/jobs", content=yaml.safe_dump(SPEC), headers={"content-type": "application/yaml"}
+    )
     assert r2.status_code == 201
     assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
     page = client.get("/v1/jobs", params={"limit": 1}).json()
@@ -60,15 +67,32 @@ def test_idempotency_key(client):
     assert c.status_code == 409 and c.json()["error"] == "ConflictError"
 
 
-@pytest.mark.parametrize(("body", "loc", "needle"), [
-    ({"name": "x", "suites": [{"op": "nope", "impls": ["torch"]}]}, ["suites", 0, "op"],
-     "known ops: flce, lse_merge"),
-    ({"name": "x", "suites": [{"op": "lse_merge", "impls": ["nope"]}]},
-     ["suites", 0, "impls"], "known impls:"),
-    ({"name": "x", "suites": [{"op": "lse_merge", "impls": ["torch"],
-                               "params": {"T": -1, "Hh": 2, "D": 4}}]}, None, "T"),
-    ({"suites": []}, None, "name"),
-])
+@pytest.mark.parametrize(
+    ("body", "loc", "needle"),
+    [
+        (
+            {"name": "x", "suites": [{"op": "nope", "impls": ["torch"]}]},
+            ["suites", 0, "op"],
+            "known ops: flce, lse_merge",
+        ),
+        (
+            {"name": "x", "suites": [{"op": "lse_merge", "impls": ["nope"]}]},
+            ["suites", 0, "impls"],
+            "known impls:",
+        ),
+        (
+            {
+                "name": "x",
+                "suites": [
+                    {"op": "lse_merge", "impls": ["torch"], "params": {"T": -1, "Hh": 2, "D": 4}}
+                ],
+            },
+            None,
+            "T",
+        ),
+        ({"suites": []}, None, "name"),
+    ],
+)
 def test_invalid_specs_are_422_with_the_field(client, body, loc, needle):
     r = client.post("/v1/jobs", json=body)
     assert r.status_code == 422, r.text
@@ -82,8 +106,10 @@ def test_invalid_specs_are_422_with_the_field(client, body, loc, needle):
 
 
 def test_test_impls_hidden_without_workers(client):
-    body = {"name": "x", "suites": [{"op": "lse_merge", "impls": ["crash"],
-                                     "params": {"T": 8, "Hh": 2, "D": 4}}]}
+    body = {
+        "name": "x",
+        "suites": [{"op": "lse_merge", "impls": ["crash"], "params": {"T": 8, "Hh": 2, "D": 4}}],
+    }
     r = client.post("/v1/jobs", json=body)
     assert r.status_code == 422 and "crash" not in r.json()["details"]["allowed"]
 
@@ -94,42 +120,61 @@ def test_case_cap_and_memory_and_worker_impls(tmp_path):
         assert r.status_code == 422 and r.json()["error"] == "CaseLimitError"
     with _client(tmp_path) as c:
         disp = c.app.state.services.dispatcher
-        disp.links = [WorkerLink("w:1", state="up", memory_bytes=10_000,
-                                 ops={"lse_merge": ["torch", "te_style", "crash"]})]
-        big = {**SPEC, "suites": [{**SPEC["suites"][0],
-                                   "params": {"T": 4096, "Hh": 8, "D": 128}}]}
+        disp.links = [
+            WorkerLink(
+                "w:1",
+                state="up",
+                memory_bytes=10_000,
+                ops={"lse_merge": ["torch", "te_style", "crash"]},
+            )
+        ]
+        big = {**SPEC, "suites": [{**SPEC["suites"][0], "params": {"T": 4096, "Hh": 8, "D": 128}}]}
         r = c.post("/v1/jobs", json=big)
         assert r.status_code == 422 and r.json()["error"] == "ResourceError"
         assert "GiB" in r.json()["message"]
-        r = c.post("/v1/jobs", json={**SPEC, "suites": [{**SPEC["suites"][0],
-                                                         "impls": ["torch", "kassay"]}]})
+        r = c.post(
+            "/v1/jobs",
+            json={**SPEC, "suites": [{**SPEC["suites"][0], "impls": ["torch", "kassay"]}]},
+        )
         assert r.status_code == 422 and r.json()["details"]["allowed"] == [
-            "crash", "te_style", "torch"]
-        ok = c.post("/v1/jobs", json={**SPEC, "suites": [{**SPEC["suites"][0],
-                                                          "impls": ["torch", "crash"]}]})
+            "crash",
+            "te_style",
+            "torch",
+        ]
+        ok = c.post(
+            "/v1/jobs",
+            json={**SPEC, "suites": [{**SPEC["suites"][0], "impls": ["torch", "crash"]}]},
+        )
         assert ok.status_code == 201, ok.text
 
 
 def test_body_limit_413(client):
-    r = client.post("/v1/jobs", content=b"name: x\n" + b"#" * 30_000,
-                    headers={"content-type": "application/yaml"})
+    r = client.post(
+        "/v1/jobs",
+        content=b"name: x\n" + b"#" * 30_000,
+        headers={"content-type": "application/yaml"},
+    )
     assert r.status_code == 413 and r.json()["error"] == "PayloadTooLargeError"
 
 
 def test_auth(tmp_path):
     with _client(tmp_path, api_tokens=["w"], read_tokens=["r"], open_reads=False) as c:
         assert c.post("/v1/jobs", json=SPEC).status_code == 401
-        assert c.post("/v1/jobs", json=SPEC, headers={"Authorization": "Bearer x"}
-                      ).status_code == 401
-        assert c.post("/v1/jobs", json=SPEC, headers={"Authorization": "Bearer r"}
-                      ).status_code == 403
+        assert (
+            c.post("/v1/jobs", json=SPEC, headers={"Authorization": "Bearer x"}).status_code == 401
+        )
+        assert (
+            c.post("/v1/jobs", json=SPEC, headers={"Authorization": "Bearer r"}).status_code == 403
+        )
         r = c.post("/v1/jobs", json=SPEC, headers={"Authorization": "Bearer w"})
         assert r.status_code == 201
         jid = r.json()["id"]
         assert c.get(f"/v1/jobs/{jid}").status_code == 401
         assert c.get(f"/v1/jobs/{jid}", headers={"Authorization": "Bearer r"}).status_code == 200
-        assert c.post(f"/v1/jobs/{jid}/cancel", headers={"Authorization": "Bearer r"}
-                      ).status_code == 403
+        assert (
+            c.post(f"/v1/jobs/{jid}/cancel", headers={"Authorization": "Bearer r"}).status_code
+            == 403
+        )
         assert c.get("/healthz").status_code == 200
     with _client(tmp_path, api_tokens=["w"]) as c:  # reads open by default
         assert c.get("/v1/jobs").status_code == 200
@@ -157,8 +202,7 @@ def test_reports_events_cancel(client):
             if line.startswith("data:") and events[-1] == "final":
                 assert json.loads(line[5:])["state"] == "cancelled"
     assert events == ["result"] * 4 + ["final"]
-    with client.stream("GET", f"/v1/jobs/{jid}/events",
-                       headers={"Last-Event-ID": "3"}) as st:
+    with client.stream("GET", f"/v1/jobs/{jid}/events", headers={"Last-Event-ID": "3"}) as st:
         ids = [line[3:].strip() for line in st.iter_lines() if line.startswith("id:")]
     assert ids == ["4", "4"]
     assert client.get("/v1/jobs/job_nope").status_code == 404

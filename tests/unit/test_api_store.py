@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from kassay.api.store import Store
 from kassay.errors import ConflictError
 from kassay.validate.results import CaseResult
@@ -14,9 +15,14 @@ from kassay.validate.spec import expand, parse_spec
 SPEC = {
     "name": "store-test",
     "labels": {"repo": "kassay", "branch": "main"},
-    "suites": [{"op": "lse_merge", "impls": ["torch", "te_style"],
-                "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3]},
-                "timing": {"enabled": False}}],
+    "suites": [
+        {
+            "op": "lse_merge",
+            "impls": ["torch", "te_style"],
+            "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3]},
+            "timing": {"enabled": False},
+        }
+    ],
 }
 
 
@@ -30,15 +36,28 @@ def store(tmp_path):
 def _create(store: Store, key: str | None = None, spec: dict | None = None):
     job_spec = parse_spec(spec or SPEC)
     groups = expand(job_spec)
-    return store.create_job(job_spec, groups, {g.group_id: "float32" for g in groups},
-                            idempotency_key=key, spec_hash=job_spec.model_dump_json())
+    return store.create_job(
+        job_spec,
+        groups,
+        {g.group_id: "float32" for g in groups},
+        idempotency_key=key,
+        spec_hash=job_spec.model_dump_json(),
+    )
 
 
 def _result(claim, impl: str, status: str = "passed") -> CaseResult:
     g = claim.group
-    return CaseResult(case_id=f"{g.group_id}:{impl}", group_id=g.group_id, op=g.op, impl=impl,
-                      params=g.params, regime=g.regime, seed=g.seed, dtype="float32",
-                      status=status)
+    return CaseResult(
+        case_id=f"{g.group_id}:{impl}",
+        group_id=g.group_id,
+        op=g.op,
+        impl=impl,
+        params=g.params,
+        regime=g.regime,
+        seed=g.seed,
+        dtype="float32",
+        status=status,
+    )
 
 
 def test_wal_and_counts(store):
@@ -76,20 +95,19 @@ def test_claim_record_finish(store):
     assert [seq for seq, _ in store.results_since(job.id, 0)] == [1, 2, 3, 4]
     assert [seq for seq, _ in store.results_since(job.id, 2)] == [3, 4]
     report = store.report(job.id)
-    assert report.summary.total == 4 and [c.impl for c in report.cases][:2] == ["torch",
-                                                                               "te_style"]
+    assert report.summary.total == 4 and [c.impl for c in report.cases][:2] == ["torch", "te_style"]
 
 
 def test_requeue_sends_only_unfinished_impls_and_gives_up(store):
-    job, _ = _create(store, spec={**SPEC, "suites": [{**SPEC["suites"][0],
-                                                      "params": {"T": 8, "Hh": 2, "D": 4}}]})
+    job, _ = _create(
+        store, spec={**SPEC, "suites": [{**SPEC["suites"][0], "params": {"T": 8, "Hh": 2, "D": 4}}]}
+    )
     claim = store.claim_group(worker="w1", owner="o", lease_s=60)
     store.record_result(job.id, _result(claim, "torch"))
     assert store.requeue_group(job.id, claim.group.group_id, reason="gone", max_attempts=2)
     again = store.claim_group(worker="w2", owner="o", lease_s=60)
     assert again.group.impls == ["te_style"] and again.attempt == 2
-    assert not store.requeue_group(job.id, again.group.group_id, reason="gone",
-                                   max_attempts=2)
+    assert not store.requeue_group(job.id, again.group.group_id, reason="gone", max_attempts=2)
     j = store.get_job(job.id)
     assert j.state == "finished" and j.counts == {**j.counts, "passed": 1, "error": 1}
     lost = [c for c in store.case_results(job.id) if c.status == "error"]

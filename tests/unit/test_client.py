@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from kassay_client import (
     APIConnectionError,
     AsyncClient,
@@ -20,8 +21,9 @@ from kassay_client import (
     PermissionDeniedError,
     UnprocessableEntityError,
     WaitTimeoutError,
+    _base,
+    errors,
 )
-from kassay_client import _base, errors
 from kassay_client._base import SSEParser, encode_spec
 from kassay_client.cli import exit_code
 
@@ -37,14 +39,25 @@ def _no_sleep(monkeypatch):
 
 
 def job_json(state: str = "queued", done: int = 0, **counts: int) -> dict[str, Any]:
-    return {"id": "job_1", "name": "n", "state": state, "labels": {},
-            "created_at": "2026-12-02T00:00:00Z",
-            "progress": {"total": 2, "done": done, **counts}, "ok": None,
-            "links": {"self": "/v1/jobs/job_1"}}
+    return {
+        "id": "job_1",
+        "name": "n",
+        "state": state,
+        "labels": {},
+        "created_at": "2026-12-02T00:00:00Z",
+        "progress": {"total": 2, "done": done, **counts},
+        "ok": None,
+        "links": {"self": "/v1/jobs/job_1"},
+    }
 
 
-CASE = {"case_id": "g:torch", "group_id": "g", "op": "lse_merge", "impl": "torch",
-        "status": "passed"}
+CASE = {
+    "case_id": "g:torch",
+    "group_id": "g",
+    "op": "lse_merge",
+    "impl": "torch",
+    "status": "passed",
+}
 
 
 def sse(*events: tuple[str, str, Any]) -> bytes:
@@ -79,14 +92,24 @@ def test_encode_spec_merges_labels_into_yaml():
     assert ctype == "application/json" and json.loads(body)["labels"] == {"a": "1", "b": "2"}
 
 
-@pytest.mark.parametrize(("status", "cls"), [
-    (401, AuthenticationError), (403, PermissionDeniedError), (404, NotFoundError),
-    (409, ConflictError), (422, UnprocessableEntityError), (500, InternalServerError),
-])
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (401, AuthenticationError),
+        (403, PermissionDeniedError),
+        (404, NotFoundError),
+        (409, ConflictError),
+        (422, UnprocessableEntityError),
+        (500, InternalServerError),
+    ],
+)
 def test_error_tree(status, cls):
     body = {"error": "X", "message": "nope", "details": {"loc": ["suites", 0]}}
-    c = Client("http://k", transport=httpx.MockTransport(
-        lambda r: httpx.Response(status, json=body)), max_retries=0)
+    c = Client(
+        "http://k",
+        transport=httpx.MockTransport(lambda r: httpx.Response(status, json=body)),
+        max_retries=0,
+    )
     with pytest.raises(cls) as exc:
         c.jobs.get("job_1")
     assert exc.value.status_code == status and exc.value.details == {"loc": ["suites", 0]}
@@ -118,9 +141,15 @@ def test_retries_5xx_and_connection_errors_then_gives_up():
 def test_wait_follows_sse():
     def handler(request: httpx.Request) -> httpx.Response:
         assert request.url.path == "/v1/jobs/job_1/events"
-        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=sse(
-            ("1", "result", CASE), ("2", "result", {**CASE, "case_id": "g:te"}),
-            ("2", "final", job_json("finished", 2, passed=2))))
+        return httpx.Response(
+            200,
+            headers={"content-type": "text/event-stream"},
+            content=sse(
+                ("1", "result", CASE),
+                ("2", "result", {**CASE, "case_id": "g:te"}),
+                ("2", "final", job_json("finished", 2, passed=2)),
+            ),
+        )
 
     got = []
     c = Client("http://k", transport=httpx.MockTransport(handler))
@@ -148,14 +177,26 @@ def test_wait_resumes_then_falls_back_to_polling():
 
 
 def test_wait_timeout():
-    c = Client("http://k", transport=httpx.MockTransport(
-        lambda r: httpx.Response(404 if r.url.path.endswith("events") else 200,
-                                 json=job_json("running"))))
+    c = Client(
+        "http://k",
+        transport=httpx.MockTransport(
+            lambda r: httpx.Response(
+                404 if r.url.path.endswith("events") else 200, json=job_json("running")
+            )
+        ),
+    )
     with pytest.raises(NotFoundError):
         c.jobs.wait("job_1", timeout=0.05)
-    c = Client("http://k", transport=httpx.MockTransport(
-        lambda r: (_ for _ in ()).throw(httpx.ReadError("x", request=r))
-        if r.url.path.endswith("events") else httpx.Response(200, json=job_json("running"))))
+    c = Client(
+        "http://k",
+        transport=httpx.MockTransport(
+            lambda r: (
+                (_ for _ in ()).throw(httpx.ReadError("x", request=r))
+                if r.url.path.endswith("events")
+                else httpx.Response(200, json=job_json("running"))
+            )
+        ),
+    )
     with pytest.raises(WaitTimeoutError):
         c.jobs.wait("job_1", timeout=0.2, poll_interval=0.01)
 
@@ -164,9 +205,15 @@ def test_report_formats():
     def handler(request: httpx.Request) -> httpx.Response:
         fmt = request.url.params["format"]
         if fmt == "json":
-            return httpx.Response(200, json={"schema_version": "kassay.report/v1", "name": "n",
-                                             "summary": {"total": 1, "passed": 1},
-                                             "cases": [CASE]})
+            return httpx.Response(
+                200,
+                json={
+                    "schema_version": "kassay.report/v1",
+                    "name": "n",
+                    "summary": {"total": 1, "passed": 1},
+                    "cases": [CASE],
+                },
+            )
         return httpx.Response(200, text=f"<{fmt}>")
 
     c = Client("http://k", transport=httpx.MockTransport(handler))
@@ -179,8 +226,12 @@ def test_report_formats():
 def test_async_client():
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path.endswith("/events"):
-            return httpx.Response(200, content=sse(
-                ("1", "result", CASE), ("1", "final", job_json("finished", 2, passed=2))))
+            return httpx.Response(
+                200,
+                content=sse(
+                    ("1", "result", CASE), ("1", "final", job_json("finished", 2, passed=2))
+                ),
+            )
         if request.method == "POST":
             return httpx.Response(201, json=job_json())
         return httpx.Response(200, json={"items": [job_json()], "next_cursor": None})

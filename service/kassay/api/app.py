@@ -29,18 +29,29 @@ async def _kassay_error(_request: Request, exc: Exception) -> JSONResponse:
 
 async def _validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-              for e in exc.errors()]
+    errors = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
     text = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errors)
-    return JSONResponse({"error": "InvalidRequestError", "message": f"invalid request: {text}",
-                         "details": {"errors": errors}}, status_code=422)
+    return JSONResponse(
+        {
+            "error": "InvalidRequestError",
+            "message": f"invalid request: {text}",
+            "details": {"errors": errors},
+        },
+        status_code=422,
+    )
 
 
 async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     name = {404: "NotFoundError", 405: "MethodNotAllowedError"}.get(exc.status_code, "HTTPError")
-    return JSONResponse({"error": name, "message": str(exc.detail), "details": {}},
-                        status_code=exc.status_code, headers=exc.headers)
+    return JSONResponse(
+        {"error": name, "message": str(exc.detail), "details": {}},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
 
 
 def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
@@ -61,8 +72,13 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         await run_in_threadpool(warm_up, settings)
         notifier = JobNotifier()
         dispatcher = Dispatcher(store, settings, notifier=notifier, metrics=metrics)
-        app.state.services = Services(settings=settings, store=store, dispatcher=dispatcher,
-                                      notifier=notifier, metrics=metrics)
+        app.state.services = Services(
+            settings=settings,
+            store=store,
+            dispatcher=dispatcher,
+            notifier=notifier,
+            metrics=metrics,
+        )
         if dispatch:
             await dispatcher.start()
         try:
@@ -72,7 +88,9 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
             store.close()
 
     app = FastAPI(
-        title="kassay", version=__version__, lifespan=lifespan,
+        title="kassay",
+        version=__version__,
+        lifespan=lifespan,
         description="kassay (kernel assay): submit kernel-validation jobs, follow them, "
         "download their reports.",
     )
@@ -80,7 +98,8 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     app.add_middleware(JobFastPath)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     handlers: dict[Any, Any] = {
-        KassayError: _kassay_error, RequestValidationError: _validation_error,
+        KassayError: _kassay_error,
+        RequestValidationError: _validation_error,
         StarletteHTTPException: _http_error,
     }
     for exc_class, handler in handlers.items():

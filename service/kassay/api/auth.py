@@ -45,8 +45,9 @@ async def require_write(request: Request) -> None:
     if _known(token, s.api_tokens):
         return
     if _known(token, s.read_tokens):
-        raise ForbiddenError("this token may only read; submitting and cancelling need a "
-                             "write token")
+        raise ForbiddenError(
+            "this token may only read; submitting and cancelling need a write token"
+        )
     raise AuthError("unknown token")
 
 

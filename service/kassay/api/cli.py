@@ -26,8 +26,13 @@ def register(sub: Any) -> None:
     p = sub.add_parser("api", help="run the REST API (dispatches to gRPC workers)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--worker", action="append", default=None, metavar="HOST:PORT",
-                   help="a worker address (repeat; default: KASSAY_WORKERS)")
+    p.add_argument(
+        "--worker",
+        action="append",
+        default=None,
+        metavar="HOST:PORT",
+        help="a worker address (repeat; default: KASSAY_WORKERS)",
+    )
     p.add_argument("--database-url", default=None, help="default: KASSAY_DATABASE_URL")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=cmd_api)
@@ -38,8 +43,9 @@ def register(sub: Any) -> None:
 
     p = sub.add_parser("demo", help="serve, submit SPEC through the SDK, print the report")
     _serve_args(p)
-    p.add_argument("--keep-serving", action="store_true",
-                   help="keep serving after the report until Ctrl-C")
+    p.add_argument(
+        "--keep-serving", action="store_true", help="keep serving after the report until Ctrl-C"
+    )
     p.add_argument("spec", help="job spec (YAML or JSON)")
     p.set_defaults(func=cmd_demo)
 
@@ -66,8 +72,9 @@ def _settings(**overrides: Any) -> Any:
 def _configure_logging(level: str) -> None:
     import logging
 
-    logging.basicConfig(level=level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -78,8 +85,7 @@ def cmd_api(args: argparse.Namespace) -> int:
     _configure_logging(args.log_level)
     settings = _settings(workers=args.worker, database_url=args.database_url)
     app = create_app(settings)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                access_log=False)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0
 
 
@@ -123,8 +129,16 @@ class Embedded:
         self.server: Any = None
 
     def start_worker(self) -> None:
-        cmd = [sys.executable, "-m", "kassay.cli", "worker", "--listen", self.worker_addr,
-               "--device", self.device]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kassay.cli",
+            "worker",
+            "--listen",
+            self.worker_addr,
+            "--device",
+            self.device,
+        ]
         if self.args.enable_test_impls:
             cmd.append("--enable-test-impls")
         log = open(self.data_dir / "worker.log", "ab")  # noqa: SIM115 (owned by the child)
@@ -142,16 +156,23 @@ class Embedded:
             data_dir=self.data_dir,
             enable_test_impls=True if self.args.enable_test_impls else None,
         )
-        config = uvicorn.Config(create_app(settings), host=self.args.host, port=self.args.port,
-                                log_level=self.args.log_level, access_log=False)
+        config = uvicorn.Config(
+            create_app(settings),
+            host=self.args.host,
+            port=self.args.port,
+            log_level=self.args.log_level,
+            access_log=False,
+        )
         self.server = uvicorn.Server(config)
         return self.server
 
     def banner(self) -> str:
-        return (f"kassay serving\n  API        {self.url}\n  dashboard  {self.url}/\n"
-                f"  docs       {self.url}/docs\n  metrics    {self.url}/metrics\n"
-                f"  worker     grpc://{self.worker_addr} ({self.device}; log "
-                f"{self.data_dir / 'worker.log'})\n  database   {self.data_dir / 'kassay.db'}")
+        return (
+            f"kassay serving\n  API        {self.url}\n  dashboard  {self.url}/\n"
+            f"  docs       {self.url}/docs\n  metrics    {self.url}/metrics\n"
+            f"  worker     grpc://{self.worker_addr} ({self.device}; log "
+            f"{self.data_dir / 'worker.log'})\n  database   {self.data_dir / 'kassay.db'}"
+        )
 
     def stop_worker(self) -> None:
         if self.worker is None or self.worker.poll() is not None:
@@ -225,15 +246,19 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
         try:
             if not emb.wait_ready():
-                print("kassay demo: the API or its worker did not become ready; see "
-                      f"{emb.data_dir / 'worker.log'}", file=sys.stderr)
+                print(
+                    "kassay demo: the API or its worker did not become ready; see "
+                    f"{emb.data_dir / 'worker.log'}",
+                    file=sys.stderr,
+                )
                 return
             print(emb.banner(), flush=True)
-            result["code"] = submit_and_report(emb.url, args.spec, token=None,
-                                               print_markdown=True)
+            result["code"] = submit_and_report(emb.url, args.spec, token=None, print_markdown=True)
             if args.keep_serving:
-                print(f"\nstill serving at {emb.url} (dashboard: {emb.url}/); Ctrl-C stops",
-                      flush=True)
+                print(
+                    f"\nstill serving at {emb.url} (dashboard: {emb.url}/); Ctrl-C stops",
+                    flush=True,
+                )
         finally:
             if not args.keep_serving:
                 server.should_exit = True

@@ -33,8 +33,17 @@ log = logging.getLogger("kassay.api.dispatcher")
 
 # gRPC codes after which the group is retried elsewhere (the worker or the link failed);
 # any other code means the worker refused the group itself.
-_TRANSIENT = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL",
-                        "ABORTED", "RESOURCE_EXHAUSTED"})
+_TRANSIENT = frozenset(
+    {
+        "UNAVAILABLE",
+        "DEADLINE_EXCEEDED",
+        "CANCELLED",
+        "UNKNOWN",
+        "INTERNAL",
+        "ABORTED",
+        "RESOURCE_EXHAUSTED",
+    }
+)
 
 _CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
@@ -74,20 +83,27 @@ class WorkerLink:
 
     def info(self) -> WorkerInfo:
         return WorkerInfo(
-            address=self.address, state=self.state, device=self.device,
-            device_name=self.device_name, memory_bytes=self.memory_bytes, ops=self.ops,
+            address=self.address,
+            state=self.state,
+            device=self.device,
+            device_name=self.device_name,
+            memory_bytes=self.memory_bytes,
+            ops=self.ops,
             running=[f"{j}/{g}" for j, g in self.running.values()],
-            last_seen=(datetime.fromtimestamp(self.last_seen, timezone.utc)
-                       if self.last_seen else None),
-            last_error=self.last_error, environment=self.environment,
+            last_seen=(
+                datetime.fromtimestamp(self.last_seen, timezone.utc) if self.last_seen else None
+            ),
+            last_error=self.last_error,
+            environment=self.environment,
         )
 
 
 class Dispatcher:
     """Feeds the store's queue to the workers; see the module docstring."""
 
-    def __init__(self, store: Store, settings: Settings, *, notifier: JobNotifier,
-                 metrics: ApiMetrics) -> None:
+    def __init__(
+        self, store: Store, settings: Settings, *, notifier: JobNotifier, metrics: ApiMetrics
+    ) -> None:
         self.store = store
         self.settings = settings
         self.notifier = notifier
@@ -127,8 +143,9 @@ class Dispatcher:
             from kassay.v1 import worker_pb2_grpc
 
             link.stub = worker_pb2_grpc.WorkerStub(link.channel)
-            self._tasks.append(asyncio.create_task(self._worker_loop(link),
-                                                   name=f"worker {link.address}"))
+            self._tasks.append(
+                asyncio.create_task(self._worker_loop(link), name=f"worker {link.address}")
+            )
         self._tasks.append(asyncio.create_task(self._sweeper(), name="lease sweeper"))
 
     async def stop(self) -> None:
@@ -144,8 +161,9 @@ class Dispatcher:
         self._tasks.clear()
         for job_id, group_id in running:  # hand them back now rather than at lease expiry
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.store.release_group, job_id, group_id,
-                                        owner=self.owner)
+                await asyncio.to_thread(
+                    self.store.release_group, job_id, group_id, owner=self.owner
+                )
         for link in self.links:
             if link.channel is not None:
                 await link.channel.close(grace=None)
@@ -177,14 +195,14 @@ class Dispatcher:
         link.device_name = resp.device_name
         link.memory_bytes = int(resp.memory_total_bytes) or None
         mutants = self.settings.enable_mutants
-        link.ops = {op.name: [i.name for i in op.impls if mutants or i.kind != "mutant"]
-                    for op in resp.ops}
+        link.ops = {
+            op.name: [i.name for i in op.impls if mutants or i.kind != "mutant"] for op in resp.ops
+        }
         if resp.HasField("environment"):
             from kassay.worker.convert import environment_from_proto
 
             with contextlib.suppress(Exception):
-                link.environment = environment_from_proto(resp.environment).model_dump(
-                    mode="json")
+                link.environment = environment_from_proto(resp.environment).model_dump(mode="json")
         if link.state != "up":
             log.info("worker %s is up (%s)", link.address, resp.device_name or resp.device)
         link.state = "up"
@@ -203,8 +221,12 @@ class Dispatcher:
                         await asyncio.sleep(poll)
                         continue
                 claim = await asyncio.to_thread(
-                    self.store.claim_group, worker=link.address, owner=self.owner,
-                    lease_s=self.settings.lease_s, impls=link.impl_names() or None)
+                    self.store.claim_group,
+                    worker=link.address,
+                    owner=self.owner,
+                    lease_s=self.settings.lease_s,
+                    impls=link.impl_names() or None,
+                )
                 if claim is None:
                     await self._idle(poll)
                     continue
@@ -224,10 +246,19 @@ class Dispatcher:
         job_id, group = claim.job_id, claim.group
         run_id = f"{job_id}/{group.group_id}/{claim.attempt}"
         self.metrics.groups_dispatched.inc()
-        log.info("group %s of %s -> %s (attempt %d, %d impls)", group.group_id, job_id,
-                 link.address, claim.attempt, len(group.impls))
-        request = pb.RunRequest(run_id=run_id, groups=[group_to_proto(group)],
-                                include_mutants=self.settings.enable_mutants)
+        log.info(
+            "group %s of %s -> %s (attempt %d, %d impls)",
+            group.group_id,
+            job_id,
+            link.address,
+            claim.attempt,
+            len(group.impls),
+        )
+        request = pb.RunRequest(
+            run_id=run_id,
+            groups=[group_to_proto(group)],
+            include_mutants=self.settings.enable_mutants,
+        )
         call = link.stub.Run(request)
         link.running[run_id] = (job_id, group.group_id)
         link.calls[run_id] = call
@@ -241,7 +272,8 @@ class Dispatcher:
                 except asyncio.TimeoutError:
                     call.cancel()
                     raise WorkerLost(
-                        f"no word from the worker for {self.settings.stall_s:g} s") from None
+                        f"no word from the worker for {self.settings.stall_s:g} s"
+                    ) from None
                 if event is _eof():
                     outcome = "done"
                     break
@@ -289,8 +321,9 @@ class Dispatcher:
             return
         self.metrics.case_results.labels(result.status).inc()
         if result.environment is not None:
-            await asyncio.to_thread(self.store.add_environment, job_id,
-                                    result.environment.model_dump(mode="json"))
+            await asyncio.to_thread(
+                self.store.add_environment, job_id, result.environment.model_dump(mode="json")
+            )
         self.notifier.notify(job_id)
 
     async def _settle(self, job_id: str, group_id: str, outcome: str, reason: str) -> None:
@@ -303,14 +336,19 @@ class Dispatcher:
             log.warning("group %s of %s: %s; requeueing", group_id, job_id, why)
             if outcome == "handed_back":
                 max_attempts += 1  # a worker shutting down is not the group's fault
-            requeued = await asyncio.to_thread(self.store.requeue_group, job_id, group_id,
-                                               reason=why, max_attempts=max_attempts)
+            requeued = await asyncio.to_thread(
+                self.store.requeue_group, job_id, group_id, reason=why, max_attempts=max_attempts
+            )
             if requeued:
                 self.metrics.groups_requeued.inc()
                 self.wake()
         elif outcome == "refused":
-            await asyncio.to_thread(self.store.finish_group, job_id, group_id,
-                                    reason=f"the worker refused the group: {reason}")
+            await asyncio.to_thread(
+                self.store.finish_group,
+                job_id,
+                group_id,
+                reason=f"the worker refused the group: {reason}",
+            )
         self.notifier.notify(job_id)
 
     async def cancel_runs(self, keys: list[tuple[str, str]]) -> None:
@@ -336,10 +374,15 @@ class Dispatcher:
             try:
                 keys = [key for link in self.links for key in link.running.values()]
                 if keys:
-                    await asyncio.to_thread(self.store.renew_leases, keys, owner=self.owner,
-                                            lease_s=self.settings.lease_s)
-                requeued = await asyncio.to_thread(self.store.requeue_expired,
-                                                   max_attempts=self.settings.max_attempts)
+                    await asyncio.to_thread(
+                        self.store.renew_leases,
+                        keys,
+                        owner=self.owner,
+                        lease_s=self.settings.lease_s,
+                    )
+                requeued = await asyncio.to_thread(
+                    self.store.requeue_expired, max_attempts=self.settings.max_attempts
+                )
                 for job_id, _ in requeued:
                     self.notifier.notify(job_id)
                 if requeued:

@@ -17,24 +17,32 @@ class ApiMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.http_requests = Counter(
-            "kassay_http_requests_total", "HTTP requests", ["method", "route", "status"],
-            registry=r)
+            "kassay_http_requests_total", "HTTP requests", ["method", "route", "status"], registry=r
+        )
         self.http_latency = Histogram(
-            "kassay_http_request_seconds", "HTTP request latency", ["method", "route"],
+            "kassay_http_request_seconds",
+            "HTTP request latency",
+            ["method", "route"],
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
-            registry=r)
+            registry=r,
+        )
         self.jobs_submitted = Counter("kassay_jobs_submitted_total", "jobs accepted", registry=r)
-        self.jobs_refused = Counter("kassay_jobs_refused_total", "job submissions refused",
-                                    ["reason"], registry=r)
-        self.case_results = Counter("kassay_case_results_total", "case results stored",
-                                    ["status"], registry=r)
-        self.groups_dispatched = Counter("kassay_groups_dispatched_total",
-                                         "input groups sent to workers", registry=r)
-        self.groups_requeued = Counter("kassay_groups_requeued_total",
-                                       "input groups requeued after a lost worker", registry=r)
+        self.jobs_refused = Counter(
+            "kassay_jobs_refused_total", "job submissions refused", ["reason"], registry=r
+        )
+        self.case_results = Counter(
+            "kassay_case_results_total", "case results stored", ["status"], registry=r
+        )
+        self.groups_dispatched = Counter(
+            "kassay_groups_dispatched_total", "input groups sent to workers", registry=r
+        )
+        self.groups_requeued = Counter(
+            "kassay_groups_requeued_total", "input groups requeued after a lost worker", registry=r
+        )
         self.workers_up = Gauge("kassay_workers_up", "workers answering Describe", registry=r)
-        self.queue_depth = Gauge("kassay_queue_groups", "input groups waiting for a worker",
-                                 registry=r)
+        self.queue_depth = Gauge(
+            "kassay_queue_groups", "input groups waiting for a worker", registry=r
+        )
 
 
 class MetricsMiddleware:

@@ -41,7 +41,8 @@ class Job(BaseModel):
     finished_at: datetime | None = None
     progress: Progress
     ok: bool | None = Field(
-        None, description="once over: no case failed, errored, crashed or timed out")
+        None, description="once over: no case failed, errored, crashed or timed out"
+    )
     links: JobLinks
 
     @classmethod
@@ -53,11 +54,18 @@ class Job(BaseModel):
         created = ts(rec.created_at)
         assert created is not None
         return cls(
-            id=rec.id, name=rec.name, state=rec.state, labels=rec.labels,
-            created_at=created, started_at=ts(rec.started_at), finished_at=ts(rec.finished_at),
-            progress=Progress(total=rec.total, done=rec.done, **rec.counts), ok=rec.ok,
-            links=JobLinks(self=base, report=f"{base}/report", events=f"{base}/events",
-                           cancel=f"{base}/cancel"),
+            id=rec.id,
+            name=rec.name,
+            state=rec.state,
+            labels=rec.labels,
+            created_at=created,
+            started_at=ts(rec.started_at),
+            finished_at=ts(rec.finished_at),
+            progress=Progress(total=rec.total, done=rec.done, **rec.counts),
+            ok=rec.ok,
+            links=JobLinks(
+                self=base, report=f"{base}/report", events=f"{base}/events", cancel=f"{base}/cancel"
+            ),
         )
 
 

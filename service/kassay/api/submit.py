@@ -62,8 +62,12 @@ def _check_impls(spec: JobSpec, workers: WorkerCatalog, settings: Settings) -> N
         for name in [*suite.impls, suite.baseline]:
             if offered is None:  # no worker described yet: judge by the local registry
                 try:
-                    get_impl(suite.op, name, include_mutants=settings.enable_mutants,
-                             include_testing=settings.enable_test_impls)
+                    get_impl(
+                        suite.op,
+                        name,
+                        include_mutants=settings.enable_mutants,
+                        include_testing=settings.enable_test_impls,
+                    )
                 except InvalidSpecError as exc:
                     exc.details["loc"] = ["suites", si, "impls"]
                     raise
@@ -118,17 +122,26 @@ def admit(
         if existing is not None:
             return Admitted(existing, False)
     _check_impls(spec, workers, settings)
-    group_specs = expand(spec, max_cases=settings.max_cases,
-                         include_mutants=settings.enable_mutants, include_testing=True)
+    group_specs = expand(
+        spec,
+        max_cases=settings.max_cases,
+        include_mutants=settings.enable_mutants,
+        include_testing=True,
+    )
     dtypes, need, worst = _estimates(group_specs)
     capacity = workers.max_memory()
     if capacity is not None and worst is not None and need > capacity:
         raise ResourceError(
             f"group {worst.group_id} ({worst.op} {worst.params}) needs about {need / 2**30:.2f} "
             f"GiB of device memory; the largest worker has {capacity / 2**30:.2f} GiB",
-            details={"loc": ["suites", worst.suite_index, "params"], "needed_bytes": need,
-                     "largest_worker_bytes": capacity, "group": worst.params},
+            details={
+                "loc": ["suites", worst.suite_index, "params"],
+                "needed_bytes": need,
+                "largest_worker_bytes": capacity,
+                "group": worst.params,
+            },
         )
-    job, created = store.create_job(spec, group_specs, dtypes,
-                                    idempotency_key=idempotency_key, spec_hash=spec_hash)
+    job, created = store.create_job(
+        spec, group_specs, dtypes, idempotency_key=idempotency_key, spec_hash=spec_hash
+    )
     return Admitted(job, created)

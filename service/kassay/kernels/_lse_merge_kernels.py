@@ -100,65 +100,36 @@ def _merge_states_kernel(
     s_lk64 = tl.cast(s_lk, tl.int64)  # tl.cast: the arg may be specialised to a constexpr 1
     s_ik64 = tl.cast(s_ik, tl.int64)
 
-    if ACC_IN_OUT_DTYPE:
-        # Validation mode (rounds the normalised running sum to the out dtype after every
-        # state): exact weights first, three passes over the (cached) LSEs.
-        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        for k in tl.static_range(K):
-            m = tl.maximum(m, _load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY))
-        m_safe = tl.where(tl.abs(m) == float("inf"), 0.0, m)
-        ssum = tl.zeros([BLOCK_R], tl.float32)
-        for k in tl.static_range(K):
-            ssum += tl.exp(_load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY) - m_safe)
-        inv = tl.where(ssum == 0.0, 0.0, 1.0 / ssum)
-        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-        for k in tl.static_range(K):
-            w = tl.exp(_load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY) - m_safe) * inv
+    # Pass 1: the row maximum over the K states (empty states are -inf).
+    m = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for k in tl.static_range(K):
+        m = tl.maximum(m, _load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY))
+    m_safe = tl.where(tl.abs(m) == float("inf"), 0.0, m)
+
+    # Pass 2: the shifted sum (each term in [0, 1], the largest exactly 1).
+    ssum = tl.zeros([BLOCK_R], tl.float32)
+    for k in tl.static_range(K):
+        ssum += tl.exp(_load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY) - m_safe)
+    # All states empty -> sum 0 -> lse -inf and every weight 0 (never 0/0). NaN propagates; a
+    # +inf that is not read as empty gives lse +inf and a NaN out, as the float64 formula does.
+    inv = tl.where(ssum == 0.0, 0.0, 1.0 / ssum)
+    lse = tl.where(ssum == 0.0, float("-inf"), m_safe + tl.log(ssum))
+
+    # Pass 3: the weighted sum of the outs, accumulated in float32.
+    acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
+    for k in tl.static_range(K):
+        w = tl.exp(_load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY) - m_safe) * inv
+        ptrs = in_rows[:, None] + k * s_ik64 + d[None, :]
+        if SKIP_EMPTY_LOADS:
             o = tl.load(
-                in_rows[:, None] + k * s_ik64 + d[None, :],
-                mask=full & (w > 0.0)[:, None],
-                other=0.0,
-                eviction_policy="evict_first",
+                ptrs, mask=full & (w > 0.0)[:, None], other=0.0, eviction_policy="evict_first"
             )
             acc += w[:, None] * o.to(tl.float32)
+        else:
+            o = tl.load(ptrs, mask=full, other=0.0, eviction_policy="evict_first")
+            acc += tl.where((w > 0.0)[:, None], w[:, None] * o.to(tl.float32), 0.0)
+        if ACC_IN_OUT_DTYPE:
             acc = acc.to(out_ptr.dtype.element_ty).to(tl.float32)
-    else:
-        # One pass, each LSE read once (online max-shift, as flash attention does): the sum
-        # and the weighted outs are kept relative to the running maximum m and rescaled by
-        # exp(m_old - m_new) <= 1 when it grows. Every exponent is of a value <= 0.
-        m = tl.full([BLOCK_R], float("-inf"), tl.float32)
-        m_safe = tl.zeros([BLOCK_R], tl.float32)
-        ssum = tl.zeros([BLOCK_R], tl.float32)
-        acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
-        for k in tl.static_range(K):
-            lk = _load_lse(lse_rows + k * s_lk64, rmask, POSINF_IS_EMPTY)
-            m_new = tl.maximum(m, lk)
-            m_new_safe = tl.where(tl.abs(m_new) == float("inf"), 0.0, m_new)
-            wk = tl.exp(lk - m_new_safe)  # 0 for an empty state
-            ptrs = in_rows[:, None] + k * s_ik64 + d[None, :]
-            if SKIP_EMPTY_LOADS:
-                o = tl.load(
-                    ptrs, mask=full & (wk > 0.0)[:, None], other=0.0, eviction_policy="evict_first"
-                )
-                contrib = wk[:, None] * o.to(tl.float32)
-            else:
-                o = tl.load(ptrs, mask=full, other=0.0, eviction_policy="evict_first")
-                contrib = tl.where((wk > 0.0)[:, None], wk[:, None] * o.to(tl.float32), 0.0)
-            if k == 0:
-                ssum = wk
-                acc = contrib
-            else:
-                # rescale of what is summed so far; 0 while every earlier state was empty
-                alpha = tl.where(m == float("-inf"), 0.0, tl.exp(m_safe - m_new_safe))
-                ssum = ssum * alpha + wk
-                acc = acc * alpha[:, None] + contrib
-            m = m_new
-            m_safe = m_new_safe
-        # All states empty -> sum 0 -> out 0, lse -inf (never 0/0). NaN propagates; a +inf that
-        # is not read as empty gives lse +inf and a NaN out, as the float64 formula does.
-        inv = tl.where(ssum == 0.0, 0.0, 1.0 / ssum)
-        acc = acc * inv[:, None]
-    lse = tl.where(ssum == 0.0, float("-inf"), m_safe + tl.log(ssum))
 
     o_rows = ((b * S + s) * HH + h) * D
     tl.store(out_ptr + o_rows[:, None] + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=full)

@@ -23,38 +23,56 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 ReportFormat = Literal["json", "junit", "markdown", "html"]
 JobState = Literal["queued", "running", "finished", "cancelled"]
 _ACCEPT = {
-    "application/json": "json", "application/xml": "junit", "text/xml": "junit",
-    "application/junit+xml": "junit", "text/markdown": "markdown", "text/html": "html",
+    "application/json": "json",
+    "application/xml": "junit",
+    "text/xml": "junit",
+    "application/junit+xml": "junit",
+    "text/markdown": "markdown",
+    "text/html": "html",
 }
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody}, 403: {"model": ErrorBody}, 404: {"model": ErrorBody},
-    409: {"model": ErrorBody}, 413: {"model": ErrorBody}, 422: {"model": ErrorBody},
+    401: {"model": ErrorBody},
+    403: {"model": ErrorBody},
+    404: {"model": ErrorBody},
+    409: {"model": ErrorBody},
+    413: {"model": ErrorBody},
+    422: {"model": ErrorBody},
 }
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(f"the body is {declared} bytes; the limit is {limit}",
-                                   details={"limit": limit})
+        raise PayloadTooLargeError(
+            f"the body is {declared} bytes; the limit is {limit}", details={"limit": limit}
+        )
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLargeError(f"the body is over the limit of {limit} bytes",
-                                       details={"limit": limit})
+            raise PayloadTooLargeError(
+                f"the body is over the limit of {limit} bytes", details={"limit": limit}
+            )
         chunks.append(chunk)
     return b"".join(chunks)
 
 
 @router.post(
-    "", status_code=201, response_model=Job, responses=_ERRORS,
+    "",
+    status_code=201,
+    response_model=Job,
+    responses=_ERRORS,
     dependencies=[Depends(require_write)],
-    openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"type": "object"}},
-        "application/yaml": {"schema": {"type": "string"}},
-    }}},
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "application/yaml": {"schema": {"type": "string"}},
+            },
+        }
+    },
 )
 async def create_job(
     request: Request,
@@ -67,8 +85,14 @@ async def create_job(
     body = await _read_body(request, svc.settings.max_body_bytes)
     try:
         admitted = await run_in_threadpool(
-            admit, body, request.headers.get("content-type"), store=svc.store,
-            workers=svc.dispatcher, settings=svc.settings, idempotency_key=idempotency_key)
+            admit,
+            body,
+            request.headers.get("content-type"),
+            store=svc.store,
+            workers=svc.dispatcher,
+            settings=svc.settings,
+            idempotency_key=idempotency_key,
+        )
     except KassayError as exc:
         svc.metrics.jobs_refused.labels(type(exc).__name__).inc()
         raise
@@ -89,8 +113,16 @@ def _labels(values: list[str]) -> dict[str, str]:
         if not sep or not k:
             raise InvalidSpecError(
                 f"label filter {v!r} must be key=value",
-                details={"errors": [{"loc": ["query", "label", i], "msg": "expected key=value",
-                                     "type": "value_error"}]})
+                details={
+                    "errors": [
+                        {
+                            "loc": ["query", "label", i],
+                            "msg": "expected key=value",
+                            "type": "value_error",
+                        }
+                    ]
+                },
+            )
         out[k] = val
     return out
 
@@ -105,12 +137,18 @@ def list_jobs(
     cursor: Annotated[str | None, Query(pattern=r"^\d+$")] = None,
 ) -> JobPage:
     """Jobs, newest first, filtered by state, labels and name; paginated by cursor."""
-    rows = svc.store.list_jobs(state=state, labels=_labels(label), name=name, limit=limit + 1,
-                               before=int(cursor) if cursor else None)
+    rows = svc.store.list_jobs(
+        state=state,
+        labels=_labels(label),
+        name=name,
+        limit=limit + 1,
+        before=int(cursor) if cursor else None,
+    )
     more = len(rows) > limit
     rows = rows[:limit]
-    return JobPage(items=[Job.of(r) for r in rows],
-                   next_cursor=str(rows[-1].seq) if more and rows else None)
+    return JobPage(
+        items=[Job.of(r) for r in rows], next_cursor=str(rows[-1].seq) if more and rows else None
+    )
 
 
 @router.get("/{job_id}", response_model=Job, responses=_ERRORS)
@@ -126,8 +164,18 @@ async def get_job(job_id: str, request: Request) -> Response:
 
 
 @router.get(
-    "/{job_id}/report", responses={**_ERRORS, 200: {"content": {
-        "application/json": {}, "application/xml": {}, "text/markdown": {}, "text/html": {}}}},
+    "/{job_id}/report",
+    responses={
+        **_ERRORS,
+        200: {
+            "content": {
+                "application/json": {},
+                "application/xml": {},
+                "text/markdown": {},
+                "text/html": {},
+            }
+        },
+    },
     dependencies=[Depends(require_read)],
 )
 def get_report(
@@ -159,8 +207,12 @@ def get_report(
     return Response(render(report, fmt), media_type=media, headers=headers)
 
 
-@router.get("/{job_id}/events", responses=_ERRORS, dependencies=[Depends(require_read)],
-            response_class=EventSourceResponse)
+@router.get(
+    "/{job_id}/events",
+    responses=_ERRORS,
+    dependencies=[Depends(require_read)],
+    response_class=EventSourceResponse,
+)
 async def job_events(
     job_id: str,
     request: Request,
@@ -187,8 +239,7 @@ async def job_events(
             if rows:
                 continue
             if job.state not in ACTIVE_STATES and seen >= job.done:
-                yield {"event": "final", "id": str(seen),
-                       "data": Job.of(job).model_dump_json()}
+                yield {"event": "final", "id": str(seen), "data": Job.of(job).model_dump_json()}
                 return
             if await request.is_disconnected():
                 return
@@ -197,8 +248,9 @@ async def job_events(
     return EventSourceResponse(stream(), ping=10)
 
 
-@router.post("/{job_id}/cancel", response_model=Job, responses=_ERRORS,
-             dependencies=[Depends(require_write)])
+@router.post(
+    "/{job_id}/cancel", response_model=Job, responses=_ERRORS, dependencies=[Depends(require_write)]
+)
 async def cancel_job(job_id: str, svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     """Cancel a job: queued groups never run, running ones are stopped, cases without a result
     become `skipped`. Cancelling a job that is over returns it unchanged."""

@@ -16,8 +16,12 @@ from kassay.api.schemas import WorkerInfo
 router = APIRouter()
 
 
-@router.get("/v1/workers", response_model=list[WorkerInfo], tags=["workers"],
-            dependencies=[Depends(require_read)])
+@router.get(
+    "/v1/workers",
+    response_model=list[WorkerInfo],
+    tags=["workers"],
+    dependencies=[Depends(require_read)],
+)
 def list_workers(svc: Annotated[Services, Depends(services)]) -> list[WorkerInfo]:
     """The configured workers: up or down, device, memory, the impls they offer per op, and the
     groups they run now."""
@@ -33,8 +37,11 @@ def healthz() -> dict[str, str]:
 @router.get("/readyz", tags=["health"])
 async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     """Readiness: the database answers and, when workers are configured, at least one is up."""
-    body: dict[str, Any] = {"database": "ok", "workers_up": svc.dispatcher.workers_up(),
-                            "workers": len(svc.settings.workers)}
+    body: dict[str, Any] = {
+        "database": "ok",
+        "workers_up": svc.dispatcher.workers_up(),
+        "workers": len(svc.settings.workers),
+    }
     ready = True
     try:
         await run_in_threadpool(svc.store.ping)
