@@ -25,8 +25,9 @@ import time
 import torch
 import torch.nn.functional as F
 import triton
-from kassay.kernels import flce as kflce
 from triton.testing import do_bench
+
+from kassay.kernels import flce as kflce
 
 SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000)]
 SWEEP_N = [1024, 4096, 8192, 16384]

@@ -81,7 +81,7 @@ def _start_worker(tmp: Path) -> Worker:
                 "--listen",
                 f"127.0.0.1:{port}",
                 "--device",
-                "cpu",
+                DEVICE,
                 "--enable-test-impls",
                 "--case-timeout",
                 "60",
