@@ -55,6 +55,13 @@ class Settings(BaseSettings):
     )
     max_attempts: int = Field(3, ge=1)
     worker_poll_s: float = Field(2.0, gt=0, description="how often workers are described")
+    dispatch_depth: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="groups sent to one worker ahead of its results; the worker still runs one "
+        "at a time, the next one waits in its queue so the device never idles on bookkeeping",
+    )
     data_dir: Path = Path(".kassay")
 
     @field_validator("workers", "api_tokens", "read_tokens", mode="before")

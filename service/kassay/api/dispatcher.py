@@ -114,6 +114,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._stopping = False
         self._cancelled_runs: set[str] = set()
+        self._envs_seen: set[tuple[str, str, str, str]] = set()
 
     # ---------------------------------------------------------------- catalog (admission)
 
@@ -211,31 +212,48 @@ class Dispatcher:
         return True
 
     async def _worker_loop(self, link: WorkerLink) -> None:
+        """Claim groups for one worker and run them, keeping up to `dispatch_depth` runs open
+        at once: the worker executes one group at a time and queues the next, so claiming,
+        storing and settling overlap with execution instead of adding to every group."""
         poll = self.settings.worker_poll_s
+        depth = self.settings.dispatch_depth
         last_describe = 0.0
-        while not self._stopping:
-            try:
-                if link.state != "up" or time.monotonic() - last_describe > 5 * poll:
-                    last_describe = time.monotonic()
-                    if not await self.describe(link):
-                        await asyncio.sleep(poll)
+        inflight: set[asyncio.Task[None]] = set()
+        try:
+            while not self._stopping:
+                try:
+                    if inflight and (len(inflight) >= depth or link.state != "up"):
+                        await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                         continue
-                claim = await asyncio.to_thread(
-                    self.store.claim_group,
-                    worker=link.address,
-                    owner=self.owner,
-                    lease_s=self.settings.lease_s,
-                    impls=link.impl_names() or None,
-                )
-                if claim is None:
-                    await self._idle(poll)
-                    continue
-                await self._run(link, claim)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # keep the loop alive whatever one group did
-                log.exception("dispatch loop of %s", link.address)
-                await asyncio.sleep(poll)
+                    if link.state != "up" or time.monotonic() - last_describe > 5 * poll:
+                        last_describe = time.monotonic()
+                        if not await self.describe(link):
+                            await asyncio.sleep(poll)
+                            continue
+                    claim = await asyncio.to_thread(
+                        self.store.claim_group,
+                        worker=link.address,
+                        owner=self.owner,
+                        lease_s=self.settings.lease_s,
+                        impls=link.impl_names() or None,
+                    )
+                    if claim is None:
+                        await self._idle(poll)
+                        continue
+                    task = asyncio.create_task(self._run(link, claim))
+                    inflight.add(task)
+                    task.add_done_callback(inflight.discard)
+                    task.add_done_callback(_log_failure)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # keep the loop alive whatever one group did
+                    log.exception("dispatch loop of %s", link.address)
+                    await asyncio.sleep(poll)
+        finally:
+            for task in list(inflight):
+                task.cancel()
+            if inflight:
+                await asyncio.gather(*inflight, return_exceptions=True)
 
     # ---------------------------------------------------------------------------- runs
 
@@ -320,10 +338,18 @@ class Dispatcher:
         if seq is None:
             return
         self.metrics.case_results.labels(result.status).inc()
-        if result.environment is not None:
-            await asyncio.to_thread(
-                self.store.add_environment, job_id, result.environment.model_dump(mode="json")
-            )
+        env = result.environment
+        if env is not None:
+            # One write per (job, worker device), not per case: the store deduplicates too,
+            # but only after a read-modify-write transaction.
+            key = (job_id, env.hostname, env.device, env.device_name)
+            if key not in self._envs_seen:
+                await asyncio.to_thread(
+                    self.store.add_environment, job_id, env.model_dump(mode="json")
+                )
+                self._envs_seen.add(key)
+                if len(self._envs_seen) > 10_000:
+                    self._envs_seen.clear()
         self.notifier.notify(job_id)
 
     async def _settle(self, job_id: str, group_id: str, outcome: str, reason: str) -> None:
@@ -393,6 +419,11 @@ class Dispatcher:
             except Exception:
                 log.exception("lease sweeper")
             await asyncio.sleep(period)
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("group run failed", exc_info=task.exception())
 
 
 def _eof() -> Any:

@@ -25,6 +25,9 @@ CE_BLOCK_V_INTERP = 64
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for the grad_weight GEMM on Hopper.
 GEMM_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, EPI_SPLIT) for its TMA/persistent
+# variant (compute capability >= 9 and 16-byte aligned rows).
+GEMM_TMA_CONFIG_GPU = (128, 256, 64, 8, 8, 3, 2)
 GEMM_CONFIG_INTERP = (32, 32, 32, 4, 4, 1)
 
 FIN_BLOCK_GPU = 4096
@@ -141,7 +144,10 @@ def _gemm_tn_acc_kernel(
     stride_bn,
     stride_cm,
     stride_cn,
+    o_ptr,  # OUT [M, N] with C's strides (FINAL only; may alias C)
+    fin_ptr,  # float32 scalar (FINAL): OUT = (C + scale * A^T B) * fin
     ACCUMULATE: tl.constexpr,
+    FINAL: tl.constexpr,
     IEEE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -184,7 +190,87 @@ def _gemm_tn_acc_kernel(
     cmask = mask_m[:, None] & mask_n[None, :]
     if ACCUMULATE:
         out += tl.load(c_ptrs, mask=cmask, other=0.0).to(tl.float32)
-    tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=cmask)
+    if FINAL:  # last chunk: write the finished gradient (o may alias c: loaded before stored)
+        out = out * tl.load(fin_ptr).to(tl.float32)
+        o_ptrs = o_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=cmask)
+    else:
+        tl.store(c_ptrs, out.to(c_ptr.dtype.element_ty), mask=cmask)
+
+
+@triton.jit
+def _gemm_tn_acc_tma_kernel(
+    a_desc,  # TensorDescriptor over A [K, M] (dlogits chunk), block [BLOCK_K, BLOCK_M]
+    b_desc,  # TensorDescriptor over B [K, N] (x chunk), block [BLOCK_K, BLOCK_N]
+    c_desc,  # TensorDescriptor over C [M, N] accumulator, block [BLOCK_M, BLOCK_N // EPI_SPLIT]
+    o_desc,  # TensorDescriptor over OUT [M, N] (FINAL only; may alias C), same block
+    scale_ptr,  # float32 scalar: C += scale * A^T B
+    fin_ptr,  # float32 scalar (FINAL): OUT = (C + scale * A^T B) * fin
+    M,
+    N,
+    K,
+    ACCUMULATE: tl.constexpr,
+    FINAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    EPI_SPLIT: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    """Hopper variant of `_gemm_tn_acc_kernel`: persistent grid (one program per SM), TMA loads,
+    the tile loop flattened into the K loop so the next tile's loads are in flight during this
+    tile's read-modify-write epilogue. Out-of-bounds TMA reads are zero, stores are clipped."""
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    num_in_group = GROUP_M * num_pid_n
+    scale = tl.load(scale_ptr).to(tl.float32)
+    fin = 1.0
+    if FINAL:
+        fin = tl.load(fin_ptr).to(tl.float32)
+    tile_id_c = start_pid - NUM_SMS  # separate epilogue counter (pipeliner-friendly)
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        group_id = tile_id // num_in_group
+        first_m = group_id * GROUP_M
+        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+        pid_m = first_m + (tile_id % group_size)
+        pid_n = (tile_id % num_in_group) // group_size
+        om = pid_m * BLOCK_M
+        on = pid_n * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for ki in range(k_tiles):
+            ok = ki * BLOCK_K
+            a = a_desc.load([ok, om])
+            b = b_desc.load([ok, on])
+            acc = tl.dot(a.T, b, acc)
+
+        tile_id_c += NUM_SMS
+        group_id = tile_id_c // num_in_group
+        first_m = group_id * GROUP_M
+        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+        om_c = (first_m + (tile_id_c % group_size)) * BLOCK_M
+        on_c = ((tile_id_c % num_in_group) // group_size) * BLOCK_N
+        out = acc * scale
+        if EPI_SPLIT == 2:
+            out = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            o0, o1 = tl.split(out)
+            _tma_epilogue(c_desc, o_desc, o0, om_c, on_c, fin, ACCUMULATE, FINAL)
+            _tma_epilogue(c_desc, o_desc, o1, om_c, on_c + BLOCK_N // 2, fin, ACCUMULATE, FINAL)
+        else:
+            _tma_epilogue(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL)
+
+
+@triton.jit
+def _tma_epilogue(c_desc, o_desc, out, om, on, fin, ACCUMULATE: tl.constexpr, FINAL: tl.constexpr):
+    if ACCUMULATE:
+        out += c_desc.load([om, on]).to(tl.float32)
+    if FINAL:
+        o_desc.store([om, on], (out * fin).to(o_desc.dtype))
+    else:
+        c_desc.store([om, on], out.to(c_desc.dtype))
 
 
 @triton.jit

@@ -28,6 +28,7 @@ grad_W costs V·H·2 bytes like eager's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import warnings
@@ -57,6 +58,12 @@ _REDUCTIONS = ("mean", "sum", "none")
 # for bfloat16, float32 for float16) or "cublas" (addmm_ in the weight dtype: the drifting
 # baseline, kept for the benchmark only).
 GW_ACCUMULATION = os.environ.get("KASSAY_FLCE_GW", "auto")
+# grad_weight GEMM on Hopper-class GPUs: persistent TMA kernel (1) or the plain Triton one (0).
+USE_TMA_GEMM = os.environ.get("KASSAY_FLCE_TMA", "1") == "1"
+# bfloat16 weights over several chunks: run the last chunk's grad_weight GEMM in backward, where
+# grad_output is known, and let it write the finished bfloat16 gradient (no separate conversion
+# pass over V·H; the last chunk's dlogits stay allocated until backward).
+DEFER_LAST_GW = os.environ.get("KASSAY_FLCE_DEFER", "1") == "1"
 
 
 def plan_rows(n_rows: int, vocab: int, elem_bytes: int, budget_bytes: int) -> int:
@@ -143,10 +150,67 @@ def _launch_ce(
     )
 
 
-def _launch_gemm_tn(a, b, c, scale, accumulate):
-    """c (+)= scale * a^T @ b ; a [K, M], b [K, N], c [M, N]."""
+def _tma_ok(*ts: torch.Tensor) -> bool:
+    """TMA descriptors need a Hopper-class GPU, unit inner strides and 16-byte aligned rows."""
+    if _INTERPRET or not USE_TMA_GEMM or ts[0].device.type != "cuda":
+        return False
+    if any(t.element_size() != 2 for t in ts):  # 16-bit operands and accumulator only
+        return False
+    if torch.cuda.get_device_capability(ts[0].device)[0] < 9:
+        return False
+    return all(
+        t.dim() == 2
+        and t.stride(1) == 1
+        and t.data_ptr() % 16 == 0
+        and (t.stride(0) * t.element_size()) % 16 == 0
+        for t in ts
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _num_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _launch_gemm_tn(a, b, c, scale, accumulate, out=None, fin=None):
+    """c (+)= scale * a^T @ b ; a [K, M], b [K, N], c [M, N].
+
+    With `out` (same shape and strides as c, may alias it) and `fin` (float32 [1]) the result
+    (c + scale * a^T b) * fin is written to out instead of c: the last chunk's GEMM also
+    finalises the gradient, saving a separate pass over it."""
     k_dim, m = a.shape
     n = b.shape[1]
+    final = out is not None
+    if not final:
+        out, fin = c, scale
+    if _tma_ok(a, b, c, out):
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        bm, bn, bk, gm, warps, stages, split = K.GEMM_TMA_CONFIG_GPU
+        sms = _num_sms(a.device.index if a.device.index is not None else 0)
+        eb = [bm, bn // split]
+        K._gemm_tn_acc_tma_kernel[(min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)](
+            TensorDescriptor.from_tensor(a, [bk, bm]),
+            TensorDescriptor.from_tensor(b, [bk, bn]),
+            TensorDescriptor.from_tensor(c, eb),
+            TensorDescriptor.from_tensor(out, eb),
+            scale,
+            fin,
+            m,
+            n,
+            k_dim,
+            ACCUMULATE=accumulate,
+            FINAL=final,
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            BLOCK_K=bk,
+            GROUP_M=gm,
+            EPI_SPLIT=split,
+            NUM_SMS=sms,
+            num_warps=warps,
+            num_stages=stages,
+        )
+        return
     interp = _INTERPRET or _on_cpu_backend(a)
     bm, bn, bk, gm, warps, stages = K.GEMM_CONFIG_INTERP if interp else K.GEMM_CONFIG_GPU
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
@@ -164,7 +228,10 @@ def _launch_gemm_tn(a, b, c, scale, accumulate):
         b.stride(1),
         c.stride(0),
         c.stride(1),
+        out,
+        fin,
         ACCUMULATE=accumulate,
+        FINAL=final,
         IEEE=a.dtype == torch.float32,
         BLOCK_M=bm,
         BLOCK_N=bn,
@@ -200,6 +267,8 @@ class _GradW:
         self.acc = acc
         self.scale = scale  # float32 [1]: the accumulator holds scale * grad_W
         self.inv_scale = 1.0 / scale
+        # "f16s": (dlogits, x) of the last chunk, whose GEMM is run by finalize (DEFER_LAST_GW)
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def finalize(self, factor: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
         """grad_W = acc / s * factor in out_dtype (factor: float32 scalar tensor or None)."""
@@ -211,7 +280,13 @@ class _GradW:
                 if out_dtype.itemsize == 2
                 else torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
             )
-            _launch_finalize(acc, out, f.reshape(1).contiguous())
+            fin = f.reshape(1).contiguous()
+            if self.pending is not None:  # last chunk's GEMM writes the finished gradient
+                z, xc = self.pending
+                self.pending = None
+                _launch_gemm_tn(z, xc, acc, self.scale, accumulate=True, out=out, fin=fin)
+            else:
+                _launch_finalize(acc, out, fin)
             return out
         if acc.dtype == out_dtype:
             if factor is not None:
@@ -304,7 +379,10 @@ def _flce_pass(
             if grad_b is not None:
                 grad_b += z.sum(0, dtype=torch.float32)
             if gw is not None:
-                _accumulate_gw(gw, z, xc, first=i == 0)
+                if gw.mode == "f16s" and DEFER_LAST_GW and i > 0 and r1 == n:
+                    gw.pending = (z, xc)  # run by gw.finalize (backward): fused conversion
+                else:
+                    _accumulate_gw(gw, z, xc, first=i == 0)
     del zbuf
     return loss_rows, zloss_rows, lse_rows, grad_x, gw, grad_b
 
