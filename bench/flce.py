@@ -143,6 +143,13 @@ def matmul_ceiling():
     return 2 * 8192**3 / ms / 1e9
 
 
+def _toggle(tma=None, defer=None):
+    if tma is not None:
+        kflce.USE_TMA_GEMM = tma
+    if defer is not None:
+        kflce.DEFER_LAST_GW = defer
+
+
 def gemm_probe(rows=1664, h=4096, v=128256):
     """grad_W GEMM alone, one chunk: cuBLAS addmm_ bf16 vs kassay's Triton (f16 acc) configs."""
     from kassay.kernels import _flce_kernels as K
@@ -153,7 +160,11 @@ def gemm_probe(rows=1664, h=4096, v=128256):
     res = {"cublas_addmm_bf16": do_bench(lambda: acc_bf.addmm_(z.t(), xc), rep=300)}
     acc16 = torch.zeros(v, h, device="cuda", dtype=torch.float16)
     one = torch.ones(1, device="cuda")
+    res["triton_tma" + str(K.GEMM_TMA_CONFIG_GPU)] = do_bench(
+        lambda: kflce._launch_gemm_tn(z, xc, acc16, one, True), rep=300
+    )
     default = K.GEMM_CONFIG_GPU
+    _toggle(tma=False)  # the plain (pointer) kernel's configs
     for cfg in [
         (128, 256, 64, 8, 8, 3),
         (128, 256, 64, 8, 8, 4),
@@ -169,6 +180,7 @@ def gemm_probe(rows=1664, h=4096, v=128256):
         except Exception as e:
             res["triton" + str(cfg)] = repr(e)[:200]
     K.GEMM_CONFIG_GPU = default
+    _toggle(tma=True)
     flop = 2 * rows * h * v
     return {k: (val, flop / val / 1e9) if isinstance(val, float) else val for k, val in res.items()}
 
@@ -212,6 +224,7 @@ def breakdown(n=8192, h=4096, v=128256):
     z.normal_().mul_(1e-3)
     res["grad_w_triton"] = do_bench(lambda: kflce._launch_gemm_tn(z, xc, acc, one, True), rep=200)
     default = K.GEMM_CONFIG_GPU
+    _toggle(tma=False)  # the plain kernel's configs (grad_w_triton above is the default path)
     for cfg in [
         (128, 256, 64, 8, 8, 2),
         (128, 256, 64, 16, 8, 3),
@@ -227,6 +240,7 @@ def breakdown(n=8192, h=4096, v=128256):
         except Exception as e:
             res["grad_w_triton" + str(cfg)] = repr(e)[:120]
     K.GEMM_CONFIG_GPU = default
+    _toggle(tma=True)
     # CE kernel with gradient (pass 2 writes dlogits in place)
     res["ce_kernel_fwd_bwd"] = do_bench(
         lambda: kflce._launch_ce(
@@ -247,13 +261,161 @@ def breakdown(n=8192, h=4096, v=128256):
     return res
 
 
+def speed_probe():
+    """Speed-pass probe: grad_W GEMM kernels/configs on one chunk (checked against each other),
+    fwd+bwd with the TMA kernel and the deferred (fused-finalize) last chunk on/off, a two-stream
+    overlap probe and cuBLAS logits / grad_x GEMMs at several row counts. Prints one line each."""
+    from kassay.kernels import _flce_kernels as K
+
+    out = {}
+
+    def say(k, val):
+        out[k] = val
+        print(f"{k:>58} {val}", flush=True)
+
+    one = torch.ones(1, device="cuda")
+    for rows, h, v in [(1664, 4096, 128256), (911, 2304, 256000)]:
+        g = torch.Generator(device="cuda").manual_seed(3)
+        z = torch.randn(rows, v, device="cuda", generator=g).to(torch.bfloat16)
+        xc = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
+        flop = 2 * rows * h * v
+        acc_bf = torch.zeros(v, h, device="cuda", dtype=torch.bfloat16)
+        t = do_bench(lambda: acc_bf.addmm_(z.t(), xc, alpha=1e-3), rep=200)  # noqa: B023
+        say(f"{rows},{h},{v} cublas addmm_ bf16", (round(t, 3), round(flop / t / 1e9)))
+        c0 = (torch.randn(v, h, device="cuda", generator=g) * 64).half()
+        sc = torch.full((1,), 2.0**-3, device="cuda")
+        ref = c0.float() + sc * (z.t().float() @ xc.float())
+        acc = torch.empty_like(c0)
+        cfgs = [("ptr", c) for c in [(128, 256, 64, 8, 8, 3), (128, 128, 64, 8, 8, 3)]]
+        cfgs += [
+            ("tma", c)
+            for c in [
+                (128, 256, 64, 8, 8, 3, 2),
+                (128, 256, 64, 8, 8, 3, 1),
+                (128, 256, 64, 8, 8, 4, 2),
+                (128, 256, 64, 16, 8, 3, 2),
+                (128, 128, 64, 8, 8, 4, 1),
+                (128, 256, 128, 8, 8, 2, 2),
+            ]
+        ]
+        d0, d1 = K.GEMM_CONFIG_GPU, K.GEMM_TMA_CONFIG_GPU
+        for kind, cfg in cfgs:
+            _toggle(tma=kind == "tma")
+            if kind == "tma":
+                K.GEMM_TMA_CONFIG_GPU = cfg
+            else:
+                K.GEMM_CONFIG_GPU = cfg
+            name = f"{rows},{h},{v} {kind}{cfg}"
+            try:
+                acc.copy_(c0)
+                kflce._launch_gemm_tn(z, xc, acc, sc, True)
+                err = float((acc.float() - ref).norm() / ref.norm())
+                t = do_bench(lambda: kflce._launch_gemm_tn(z, xc, acc, sc, True), rep=100)  # noqa: B023
+                say(name, (round(t, 3), round(flop / t / 1e9), f"err {err:.1e}"))
+            except Exception as e:
+                say(name, repr(e)[:160])
+            K.GEMM_CONFIG_GPU, K.GEMM_TMA_CONFIG_GPU = d0, d1
+        _toggle(tma=True)
+        # FINAL epilogue (bf16 out aliasing the f16 accumulator) against the same reference
+        acc.copy_(c0)
+        o = acc.view(torch.bfloat16)
+        kflce._launch_gemm_tn(z, xc, acc, sc, True, out=o, fin=torch.full((1,), 0.5, device="cuda"))
+        say(
+            f"{rows},{h},{v} tma FINAL rel err",
+            float((o.float() - 0.5 * ref).norm() / (0.5 * ref).norm()),
+        )
+        torch.cuda.empty_cache()
+
+    # cuBLAS logits / grad_x at several row counts (ms per 1000 rows), H=4096, V=128256
+    x, w, t = make_inputs(8192, 4096, 128256)
+    for rows in (1536, 1664, 1792, 2048):
+        z = torch.empty(rows, 128256, device="cuda", dtype=torch.bfloat16)
+        xc = x[:rows]
+        tl_ = do_bench(lambda: torch.mm(xc, w.t(), out=z), rep=150)  # noqa: B023
+        gx = torch.empty(rows, 4096, device="cuda", dtype=torch.bfloat16)
+        tg = do_bench(lambda: torch.mm(z, w, out=gx), rep=150)  # noqa: B023
+        gxt = torch.empty(4096, rows, device="cuda", dtype=torch.bfloat16)
+        tgt = do_bench(lambda: torch.mm(w.t(), z.t(), out=gxt), rep=150)  # noqa: B023
+        f = 2 * rows * 4096 * 128256 / 1e9
+        say(
+            f"rows {rows} logits / grad_x / grad_x^T TFLOP/s",
+            (round(f / tl_), round(f / tg), round(f / tgt)),
+        )
+    # two-stream probe: CE kernel (side stream) under a logits GEMM (main stream)
+    rows = 1664
+    z1 = torch.empty(rows, 128256, device="cuda", dtype=torch.bfloat16)
+    z2 = torch.randn(rows, 128256, device="cuda", dtype=torch.bfloat16)
+    f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
+    side = torch.cuda.Stream()
+
+    def ce():
+        kflce._launch_ce(
+            z2,
+            t[:rows],
+            *f32,
+            one,
+            False,
+            V=128256,
+            ignore_index=-100,
+            label_smoothing=0.0,
+            z_loss_scale=0.0,
+            softcap=None,
+            compute_grad=False,
+        )
+
+    def both():
+        cur = torch.cuda.current_stream()
+        side.wait_stream(cur)
+        torch.mm(x[:rows], w.t(), out=z1)
+        with torch.cuda.stream(side):
+            ce()
+        cur.wait_stream(side)
+
+    say(
+        "overlap: gemm / ce / both (ms)",
+        tuple(
+            round(do_bench(fn, rep=150), 3)
+            for fn in (lambda: torch.mm(x[:rows], w.t(), out=z1), ce, both)
+        ),
+    )
+    torch.cuda.empty_cache()
+
+    # fwd+bwd, shape 1 (and 2): old kernel, TMA kernel, TMA + deferred last chunk
+    for n, h, v in SHAPES:
+        if (n, h, v) != SHAPES[0]:
+            x, w, t = make_inputs(n, h, v)
+        ref = reference(x, w, t)
+        for tma, defer in [(False, False), (True, False), (True, True)]:
+            _toggle(tma, defer)
+            ms, peak, errs = measure(kflce.fused_linear_cross_entropy, x, w, t, ref)
+            say(
+                f"{n},{h},{v} fwd+bwd tma={int(tma)} defer={int(defer)}",
+                (
+                    round(ms, 2),
+                    round(6 * n * h * v / ms / 1e9),
+                    round(peak, 3),
+                    f"gx {errs['grad_input']:.3e} gw {errs['grad_weight']:.3e}",
+                ),
+            )
+        _toggle(True, True)
+        gc.collect()
+        torch.cuda.empty_cache()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="flce-bench.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated impls to skip")
     ap.add_argument("--breakdown", action="store_true", help="only time the stages of a chunk")
+    ap.add_argument("--variants", action="store_true", help="only the speed-pass probe")
     args = ap.parse_args()
+    if args.variants:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        with open(args.out, "w") as f:
+            json.dump(speed_probe(), f, indent=1, default=str)
+        return
     if args.breakdown:
         res = breakdown()
         for k, val in res.items():
@@ -293,6 +455,7 @@ def main():
     variants = impls()
     variants["kassay_cublas_acc(drifts)"] = "cublas"
     variants["kassay_budget_1GiB"] = "1g"
+    variants["kassay_one_more_chunk_128_aligned"] = "+1"
     for n, h, v in SHAPES[:1] if args.quick else SHAPES:
         x, w, t = make_inputs(n, h, v)
         ref = reference(x, w, t)
@@ -303,6 +466,13 @@ def main():
             if fn == "cublas":
                 fn = kflce.fused_linear_cross_entropy
                 kflce.GW_ACCUMULATION = "cublas"
+            elif fn == "+1":
+                c = -(-n // kflce.plan_rows(n, v, 2, kflce.DEFAULT_MEMORY_BUDGET_BYTES)) + 1
+                r = math.ceil(math.ceil(n / c) / 128) * 128
+
+                def fn(x, w, t, _b=r * v * 2):
+                    return kflce.fused_linear_cross_entropy(x, w, t, memory_budget_bytes=_b)
+
             elif fn == "1g":
 
                 def fn(x, w, t):

@@ -145,6 +145,31 @@ def per_case(url: str, n_seeds: int, reps: int) -> dict[str, Any]:
     }
 
 
+# ------------------------------------------------------------------------- job acceptance
+
+
+def accept_time(url: str, n_cases: int, reps: int) -> dict[str, Any]:
+    """Seconds for POST /v1/jobs of an `n_cases` job (validated, expanded, stored) to answer;
+    each job is cancelled right after so the worker does not run it."""
+    from kassay_client import Client
+
+    times = []
+    with Client(url, timeout=60) as client:
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            job = client.jobs.create(spec(n_cases // 2))
+            times.append(time.perf_counter() - t0)
+            assert job.progress.total == n_cases, job.progress
+            client.jobs.cancel(job.id)
+    return {
+        "cases": n_cases,
+        "repetitions": reps,
+        "seconds": [round(t, 4) for t in times],
+        "median_s": round(statistics.median(times), 4),
+        "target_s": 1.0,
+    }
+
+
 # ------------------------------------------------------------------------- GET throughput
 
 
@@ -263,6 +288,8 @@ def main() -> None:
             f"{overhead['median_added_ms_per_case']} ms (medians)",
             flush=True,
         )
+        accept = accept_time(url, 1000, 5)
+        print(f"POST /v1/jobs of 1000 cases: median {accept['median_s']} s", flush=True)
         from kassay_client import Client
 
         get: dict[str, Any] = {}
@@ -302,6 +329,7 @@ def main() -> None:
         },
         "versions": {"uvicorn": uvicorn.__version__, "httpx": httpx.__version__},
         "per_case_overhead": overhead,
+        "accept_1000_cases": accept,
         "get_job": get,
     }
     text = json.dumps(result, indent=2)

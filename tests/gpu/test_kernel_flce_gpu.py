@@ -148,6 +148,58 @@ def test_many_chunks(dtype, red):
     )
 
 
+@pytest.mark.parametrize("red", ["mean", "none"])
+def test_many_chunks_tma_path(red):
+    # 16-byte aligned rows (H, V multiples of 8): the grad_weight GEMM takes the persistent TMA
+    # kernel, and the last of 9 chunks runs in backward with the fused bfloat16 conversion
+    from kassay.kernels import flce as m
+
+    assert m.USE_TMA_GEMM and m.DEFER_LAST_GW
+    _compare(
+        520,
+        256,
+        8200,
+        torch.bfloat16,
+        True,
+        0.1,
+        0.1,
+        red,
+        30.0,
+        1e-4,
+        budget=64 * 8200 * 2,
+        factor=1.25,
+    )
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_gemm_tma_matches_plain_kernel(final):
+    # K, M and N tails (200, 1000, 136 against blocks of 64, 128, 256)
+    from kassay.kernels import flce as m
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(200, 1000, device="cuda", generator=g).to(torch.bfloat16)
+    b = torch.randn(200, 136, device="cuda", generator=g).to(torch.bfloat16)
+    c = (torch.randn(1000, 136, device="cuda", generator=g) * 16).half()
+    s = torch.tensor([0.25], device="cuda")
+    fin = torch.tensor([0.5], device="cuda")
+    ref = c.double() + 0.25 * a.double().t() @ b.double()
+    ref = ref * 0.5 if final else ref
+    outs = []
+    for tma in (True, False):
+        assert m._tma_ok(a, b, c) or not tma
+        cc = c.clone()
+        o = cc.view(torch.bfloat16) if final else cc
+        old = m.USE_TMA_GEMM
+        m.USE_TMA_GEMM = tma
+        try:
+            m._launch_gemm_tn(a, b, cc, s, True, out=o if final else None, fin=fin)
+        finally:
+            m.USE_TMA_GEMM = old
+        outs.append(o)
+        assert _rel(o, ref) < (4e-3 if final else 5e-4)
+    assert _rel(outs[0], outs[1].double()) < (8e-3 if final else 1e-3)
+
+
 @pytest.mark.parametrize("n,h,v", [(1, 64, 123), (37, 4097, 123), (64, 256, 50257)])
 def test_odd_shapes(n, h, v):
     _compare(n, h, v, torch.bfloat16, True, 0.0, 0.0, "mean", None, 0.0)

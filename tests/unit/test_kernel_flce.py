@@ -228,6 +228,73 @@ def test_gemm_and_finalize_kernels():
     assert float(((out.float() - want.float()).abs() / want.float().abs()).max()) <= 2.0**-7
 
 
+def test_gemm_final_writes_finished_gradient():
+    # the last chunk's GEMM (FINAL): out = (c + s * a^T b) * fin, out aliasing c's storage
+    from kassay.kernels import flce as m
+
+    g = torch.Generator().manual_seed(9)
+    a = torch.randn(41, 66, generator=g).half().to(DEV)
+    bb = torch.randn(41, 29, generator=g).half().to(DEV)
+    c = (torch.randn(66, 29, generator=g) * 8).half().to(DEV)
+    c0 = c.clone()
+    out = c.view(torch.float16)  # same storage, as gw.finalize does with its bf16 view
+    m._launch_gemm_tn(
+        a,
+        bb,
+        c,
+        torch.tensor([0.5], device=DEV),
+        True,
+        out=out,
+        fin=torch.tensor([0.125], device=DEV),
+    )
+    ref = (c0.double() + 0.5 * a.double().t() @ bb.double()) * 0.125
+    assert _rel(out, ref) < 2e-3
+
+
+@pytest.mark.skipif(
+    DEV != "cpu", reason="launches the Hopper kernel directly under the interpreter"
+)
+@pytest.mark.parametrize("accumulate,final", [(False, False), (True, False), (True, True)])
+def test_gemm_tma_persistent_kernel(accumulate, final):
+    # the Hopper (TMA, persistent) grad_weight GEMM, run by the interpreter in float16 (its
+    # bfloat16 descriptor loads are wrong there): odd K, M and N tails, 3 "SMs" for 8 tiles
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from kassay.kernels import _flce_kernels as K
+
+    g = torch.Generator().manual_seed(10)
+    k, mm, n = 37, 72, 56
+    a = torch.randn(k, mm, generator=g).half()
+    bb = torch.randn(k, n, generator=g).half()
+    c = (torch.randn(mm, n, generator=g) * 4).half()
+    c0 = c.clone()
+    out = torch.empty_like(c) if final else c
+    bm, bn, bk = 32, 32, 16
+    K._gemm_tn_acc_tma_kernel[(3,)](
+        TensorDescriptor.from_tensor(a, [bk, bm]),
+        TensorDescriptor.from_tensor(bb, [bk, bn]),
+        TensorDescriptor.from_tensor(c, [bm, bn // 2]),
+        TensorDescriptor.from_tensor(out, [bm, bn // 2]),
+        torch.tensor([0.5]),
+        torch.tensor([0.25]),
+        mm,
+        n,
+        k,
+        ACCUMULATE=accumulate,
+        FINAL=final,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=2,
+        EPI_SPLIT=2,
+        NUM_SMS=3,
+    )
+    ref = 0.5 * a.double().t() @ bb.double() + (c0.double() if accumulate else 0.0)
+    if final:
+        ref = ref * 0.25
+    assert _rel(out, ref) < 2e-3
+
+
 def test_plan_rows():
     from kassay.kernels.flce import DEFAULT_MEMORY_BUDGET_BYTES, plan_rows
 
