@@ -70,7 +70,16 @@ if importlib.util.find_spec("cut_cross_entropy") is not None:
             return "Cut Cross-Entropy runs only on CUDA devices"
         if p.label_smoothing > 0 or p.z_loss_scale > 0 or p.return_z_loss:
             return "Cut Cross-Entropy has no label smoothing or z-loss"
+        if p.bias and not _cce_has_bias():
+            return "this Cut Cross-Entropy release takes no bias"
         return None
+
+    def _cce_has_bias() -> bool:
+        import inspect
+
+        from cut_cross_entropy import linear_cross_entropy
+
+        return "bias" in inspect.signature(linear_cross_entropy).parameters
 
     def _cce(
         x: torch.Tensor,
@@ -81,14 +90,16 @@ if importlib.util.find_spec("cut_cross_entropy") is not None:
     ) -> Any:
         from cut_cross_entropy import linear_cross_entropy
 
+        # 25.1.1 has no bias parameter (supports() refuses biased cases there).
+        extra = {"bias": b} if b is not None else {}
         return linear_cross_entropy(
             x,
             w,
             target,
-            bias=b,
             ignore_index=p.ignore_index,
             softcap=p.softcap,
             reduction=p.reduction,
+            **extra,
         )
 
     register(
