@@ -92,3 +92,30 @@ def test_cuda_device_without_cuda_is_a_clear_error() -> None:
         pytest.skip("CUDA present")
     with pytest.raises(RuntimeError, match="CUDA is not available"):
         run_group(_group(["torch"]), device="cuda")
+
+
+def _wrong_shape(outs: torch.Tensor, lses: torch.Tensor, **kw: Any) -> Any:
+    out, lse = merge_torch(outs, lses, **kw)
+    return out[:-1], lse
+
+
+register(Impl("lse_merge", "t_shape", as_run(_wrong_shape, None)), replace=True)
+
+
+def test_wrong_shape_and_missing_outputs_fail_with_a_reason() -> None:
+    from kassay.impls.registry import Impl as _Impl
+
+    def run_missing(inputs: dict, params: Any) -> dict:
+        return {"out": as_run(merge_torch, None)(inputs, params)["out"]}
+
+    register(_Impl("lse_merge", "t_missing", run_missing), replace=True)
+    res = run_group(
+        _group(["t_shape", "t_missing"], timing=TimingPolicy(enabled=False)),
+        device="cpu",
+        ceilings=False,
+    )
+    by = {r.impl: r for r in res}
+    assert (
+        by["t_shape"].status == "failed" and "differs from the reference" in by["t_shape"].message
+    )
+    assert by["t_missing"].status == "failed" and "lse: output missing" in by["t_missing"].message

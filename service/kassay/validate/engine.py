@@ -83,6 +83,10 @@ def _call(
     return _Run(outs, None, peak)
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 def _metrics_for(
     spec: OutputSpec,
     out: torch.Tensor | None,
@@ -93,40 +97,28 @@ def _metrics_for(
     is_baseline: bool = False,
 ) -> tuple[OutputMetrics, RawMetrics | None]:
     atol, rtol = tolerances(group.tolerance, spec.dtype)
+    unmeasurable = None
     if out is None:
+        unmeasurable = "output missing"
+    elif tuple(out.shape) != tuple(ref.shape):
+        unmeasurable = f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}"
+    if out is None or unmeasurable:
+        nan = float("nan")
         return OutputMetrics(
             name=spec.name,
-            dtype="-",
-            expected_dtype=str(spec.dtype).replace("torch.", ""),
-            shape=list(ref.shape),
-            max_abs=float("nan"),
-            max_rel=float("nan"),
-            rel_l2=float("nan"),
-            max_ulp=float("nan"),
+            dtype=_dtype_name(out.dtype) if out is not None else "-",
+            expected_dtype=_dtype_name(spec.dtype),
+            shape=list(out.shape if out is not None else ref.shape),
+            max_abs=nan,
+            max_rel=nan,
+            rel_l2=nan,
+            max_ulp=nan,
             nan=0,
             inf=0,
             ref_nan=0,
             ref_inf=0,
             passed=False,
-            reason="output missing",
-            policy=group.tolerance.policy,
-        ), None
-    if tuple(out.shape) != tuple(ref.shape):
-        return OutputMetrics(
-            name=spec.name,
-            dtype=str(out.dtype).replace("torch.", ""),
-            expected_dtype=str(spec.dtype).replace("torch.", ""),
-            shape=list(out.shape),
-            max_abs=float("nan"),
-            max_rel=float("nan"),
-            rel_l2=float("nan"),
-            max_ulp=float("nan"),
-            nan=0,
-            inf=0,
-            ref_nan=0,
-            ref_inf=0,
-            passed=False,
-            reason=f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}",
+            reason=unmeasurable or "",
             policy=group.tolerance.policy,
         ), None
     raw = compare(out, ref, atol=atol, rtol=rtol)
@@ -143,8 +135,8 @@ def _metrics_for(
     )
     return OutputMetrics(
         name=spec.name,
-        dtype=str(out.dtype).replace("torch.", ""),
-        expected_dtype=str(spec.dtype).replace("torch.", ""),
+        dtype=_dtype_name(out.dtype),
+        expected_dtype=_dtype_name(spec.dtype),
         shape=list(out.shape),
         max_abs=raw.max_abs,
         max_rel=raw.max_rel,
