@@ -71,3 +71,33 @@ def supports_modes(merge: bool, update: bool) -> Callable[[Any, torch.device], s
         return None
 
     return supports
+
+
+class StepView:
+    """The rows one in-place step updates, as views of the caller's tensors.
+
+    out [rows, Hh, D] and lse [rows, Hh] (viewed token-major whatever the layout) alias the
+    accumulator, so `write` updates it in place; base is the float32 value to update (the
+    float32 accumulator when one is given, else out upcast)."""
+
+    def __init__(
+        self,
+        out: torch.Tensor,
+        lse: torch.Tensor,
+        out_step: torch.Tensor,
+        *,
+        lse_layout: str,
+        second_half: bool,
+        acc: torch.Tensor | None,
+    ) -> None:
+        h = out.shape[0] - out_step.shape[0] if second_half else 0
+        self.out = out[h:]
+        self.lse = (lse.transpose(-1, -2) if lse_layout == "hT" else lse)[h:]
+        self.acc = acc[h:] if acc is not None else None
+        self.base = self.acc if self.acc is not None else self.out.float()
+
+    def write(self, res: torch.Tensor, new_lse: torch.Tensor) -> None:
+        if self.acc is not None:
+            self.acc.copy_(res)
+        self.out.copy_(res)
+        self.lse.copy_(new_lse)

@@ -147,11 +147,10 @@ def update_torch(
     acc: torch.Tensor | None,
 ) -> None:
     """In-place step in float32, guarding empty rows (both -inf -> stays -inf, out unchanged)."""
-    h = out.shape[0] - out_step.shape[0] if second_half else 0
-    o = out[h:]
-    a = acc[h:] if acc is not None else None
-    lv = _th(lse, lse_layout)[h:]
-    l_old = _empty_to_neginf(lv.float())
+    v = lse_harness.StepView(
+        out, lse, out_step, lse_layout=lse_layout, second_half=second_half, acc=acc
+    )
+    l_old = _empty_to_neginf(v.lse.float())
     l_new = _empty_to_neginf(_th(lse_step, lse_layout).float())
     m = torch.maximum(l_old, l_new)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -159,13 +158,8 @@ def update_torch(
     s = w_old + w_new
     s_safe = torch.where(s > 0, s, torch.ones_like(s))
     res_lse = torch.where(s > 0, m_safe + torch.log(s_safe), l_old)
-    base = a if a is not None else o.float()
-    res = (w_old / s_safe)[..., None] * base + (w_new / s_safe)[..., None] * out_step.float()
-    res = torch.where((s > 0)[..., None], res, base)
-    if a is not None:
-        a.copy_(res)
-    o.copy_(res)
-    lv.copy_(res_lse)
+    res = (w_old / s_safe)[..., None] * v.base + (w_new / s_safe)[..., None] * out_step.float()
+    v.write(torch.where((s > 0)[..., None], res, v.base), res_lse)
 
 
 register(
@@ -191,21 +185,16 @@ def update_te_style(
     """TransformerEngine's fixed formula: new = max + log1p(exp(min - max)), applied in place;
     out scaled by exp(lse - new) in float32. Like the original, rows empty in both states give
     NaN (-inf - -inf) and +inf marks are not special-cased."""
-    h = out.shape[0] - out_step.shape[0] if second_half else 0
-    o = out[h:]
-    lv = _th(lse, lse_layout)[h:]
+    v = lse_harness.StepView(
+        out, lse, out_step, lse_layout=lse_layout, second_half=second_half, acc=acc
+    )
     l_new = _th(lse_step, lse_layout).float()
-    mx = torch.maximum(lv, l_new)
-    mn = torch.minimum(lv, l_new)
+    mx = torch.maximum(v.lse, l_new)
+    mn = torch.minimum(v.lse, l_new)
     new_lse = mx + torch.log1p(torch.exp(mn - mx))
-    c_old = torch.exp(lv - new_lse)[..., None]
+    c_old = torch.exp(v.lse - new_lse)[..., None]
     c_new = torch.exp(l_new - new_lse)[..., None]
-    base = acc[h:] if acc is not None else o.float()
-    res = c_old * base + c_new * out_step.float()
-    if acc is not None:
-        acc[h:].copy_(res)
-    o.copy_(res)
-    lv.copy_(new_lse)
+    v.write(c_old * v.base + c_new * out_step.float(), new_lse)
 
 
 def _steps_only(p: LseMergeParams, _d: torch.device) -> str | None:
@@ -236,17 +225,12 @@ def update_ring_style(
 ) -> None:
     """ring-flash-attention's update: out -= sigmoid(l_new - l) * (out - out_new);
     lse -= logsigmoid(l - l_new). Float32 math; empty rows are not special-cased."""
-    h = out.shape[0] - out_step.shape[0] if second_half else 0
-    o = out[h:]
-    lv = _th(lse, lse_layout)[h:]
+    v = lse_harness.StepView(
+        out, lse, out_step, lse_layout=lse_layout, second_half=second_half, acc=acc
+    )
     l_new = _th(lse_step, lse_layout).float()
-    base = acc[h:] if acc is not None else o.float()
-    res = base - torch.sigmoid(l_new - lv)[..., None] * (base - out_step.float())
-    new_lse = lv - F.logsigmoid(lv - l_new)
-    if acc is not None:
-        acc[h:].copy_(res)
-    o.copy_(res)
-    lv.copy_(new_lse)
+    res = v.base - torch.sigmoid(l_new - v.lse)[..., None] * (v.base - out_step.float())
+    v.write(res, v.lse - F.logsigmoid(v.lse - l_new))
 
 
 register(

@@ -8,7 +8,7 @@ import torch
 
 from kassay.impls import lse_harness
 from kassay.impls.registry import Impl, register
-from kassay.impls.torch_impls import merge_torch, update_torch
+from kassay.impls.torch_impls import merge_torch, update_te_style, update_torch
 
 
 def _th(lse: torch.Tensor, layout: str) -> torch.Tensor:
@@ -42,31 +42,6 @@ def naive_merge(
     w = torch.exp(lse - total)
     out = (w[..., None] * outs.float()).sum(dim=0).to(outs.dtype)
     return out, (total.transpose(0, 1).contiguous() if lse_layout == "hT" else total)
-
-
-def unguarded_update(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
-) -> None:
-    """max + log1p(exp(min - max)) with no guard for empty rows: both states -inf gives
-    -inf - -inf = NaN."""
-    h = out.shape[0] - out_step.shape[0] if second_half else 0
-    lv = _th(lse, lse_layout)[h:]
-    ln = _th(lse_step, lse_layout).float()
-    mx, mn = torch.maximum(lv, ln), torch.minimum(lv, ln)
-    new = mx + torch.log1p(torch.exp(mn - mx))
-    base = acc[h:] if acc is not None else out[h:].float()
-    res = torch.exp(lv - new)[..., None] * base + torch.exp(ln - new)[..., None] * out_step.float()
-    if acc is not None:
-        acc[h:].copy_(res)
-    out[h:].copy_(res)
-    lv.copy_(new)
 
 
 def copy_update(
@@ -116,7 +91,11 @@ def zeros_merge(
 
 _mutant("m_naive_logaddexp", naive_merge, None, "6: log(exp(a)+exp(b)) overflows", ("huge",))
 _mutant(
-    "m_empty_nan", None, unguarded_update, "7: both states empty (-inf) -> NaN", ("empty_rows",)
+    "m_empty_nan",
+    None,
+    update_te_style,  # the published formula itself has no guard for rows empty in both states
+    "7: both states empty (-inf) -> NaN (TransformerEngine's max + log1p form, unguarded)",
+    ("empty_rows",),
 )
 _mutant("m_copy_update", None, copy_update, "8: correction written to a copy, accumulator stale")
 _mutant("m_out_dtype_accum", None, out_dtype_accum, "9: outputs accumulated in bf16 over K steps")
