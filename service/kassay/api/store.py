@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Engine,
+    String,
     and_,
     bindparam,
     create_engine,
@@ -32,6 +33,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    type_coerce,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -153,6 +155,10 @@ def _record(row: Any) -> JobRecord:
         spec=m.get("spec") or {},
         environments=m.get("environments") or [],
     )
+
+
+class _Duplicate(Exception):
+    """Raised inside a transaction to roll back a duplicate result."""
 
 
 class Store:
@@ -364,7 +370,13 @@ class Store:
         for _ in range(20):  # another dispatcher may win the same row: try the next one
             with self.engine.connect() as conn:
                 rows = conn.execute(
-                    select(groups.c.job_id, groups.c.group_id, groups.c.spec, groups.c.attempts)
+                    select(
+                        groups.c.job_id,
+                        groups.c.group_id,
+                        # raw text: only the specs looked at below are decoded
+                        type_coerce(groups.c.spec, String).label("spec"),
+                        groups.c.attempts,
+                    )
                     .where(groups.c.state == "pending")
                     .order_by(groups.c.job_seq, groups.c.idx)
                     .limit(50)
@@ -373,7 +385,8 @@ class Store:
                 return None
             picked = None
             for r in rows:
-                spec = GroupSpec.model_validate(r.spec)
+                raw = r.spec
+                spec = GroupSpec.model_validate(json.loads(raw) if isinstance(raw, str) else raw)
                 if impls is None or set(spec.impls) <= impls:
                     picked = (r, spec)
                     break
@@ -573,34 +586,39 @@ class Store:
         """Write one case result unless the case already has one. Returns the result's
         sequence number within the job (the SSE event id), or None for a duplicate."""
         now = time.time()
-        with self.engine.begin() as conn:
-            res = conn.execute(
-                update(cases)
-                .where(
-                    and_(
-                        cases.c.job_id == job_id,
-                        cases.c.case_id == result.case_id,
-                        cases.c.status.is_(None),
+        col = jobs.c[result.status]
+        try:
+            with self.engine.begin() as conn:
+                # Two statements: take the job's next sequence number (RETURNING), then write
+                # the case with it; a case that already has a result rolls both back.
+                seq = int(
+                    conn.execute(
+                        update(jobs)
+                        .where(jobs.c.id == job_id)
+                        .values({jobs.c.done: jobs.c.done + 1, col: col + 1})
+                        .returning(jobs.c.done)
+                    ).scalar_one()
+                )
+                res = conn.execute(
+                    update(cases)
+                    .where(
+                        and_(
+                            cases.c.job_id == job_id,
+                            cases.c.case_id == result.case_id,
+                            cases.c.status.is_(None),
+                        )
+                    )
+                    .values(
+                        status=result.status,
+                        result=result.model_dump(mode="json"),
+                        finished_at=now,
+                        seq=seq,
                     )
                 )
-                .values(
-                    status=result.status, result=result.model_dump(mode="json"), finished_at=now
-                )
-            )
-            if res.rowcount != 1:
-                return None
-            col = jobs.c[result.status]
-            conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id)
-                .values({jobs.c.done: jobs.c.done + 1, col: col + 1})
-            )
-            seq = int(conn.execute(select(jobs.c.done).where(jobs.c.id == job_id)).scalar_one())
-            conn.execute(
-                update(cases)
-                .where(and_(cases.c.job_id == job_id, cases.c.case_id == result.case_id))
-                .values(seq=seq)
-            )
+                if res.rowcount != 1:
+                    raise _Duplicate
+        except _Duplicate:
+            return None
         return seq
 
     def add_environment(self, job_id: str, env: dict[str, Any]) -> None:
@@ -704,11 +722,6 @@ class Store:
 
     def _fill_missing(self, job_id: str, group_id: str, *, status: str, reason: str) -> None:
         with self.engine.connect() as conn:
-            g = conn.execute(
-                select(groups.c.spec).where(
-                    and_(groups.c.job_id == job_id, groups.c.group_id == group_id)
-                )
-            ).first()
             missing = conn.execute(
                 select(cases.c.case_id, cases.c.impl, cases.c.dtype)
                 .where(
@@ -720,6 +733,13 @@ class Store:
                 )
                 .order_by(cases.c.idx)
             ).all()
+            if not missing:  # the usual case: every result arrived; skip decoding the spec
+                return
+            g = conn.execute(
+                select(groups.c.spec).where(
+                    and_(groups.c.job_id == job_id, groups.c.group_id == group_id)
+                )
+            ).first()
         if g is None:
             return
         spec = GroupSpec.model_validate(g.spec)

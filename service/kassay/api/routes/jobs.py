@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -17,6 +18,8 @@ from kassay.api.schemas import ErrorBody, Job, JobPage
 from kassay.api.store import ACTIVE_STATES
 from kassay.api.submit import admit
 from kassay.errors import InvalidSpecError, KassayError, PayloadTooLargeError
+
+_COALESCE_S = 0.02  # how long an SSE stream lets results gather after a wake-up
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -244,6 +247,9 @@ async def job_events(
             if await request.is_disconnected():
                 return
             await svc.notifier.wait(job_id, timeout=1.0)
+            # Results arrive in bursts (one per case of a group): read a burst with one query
+            # instead of two queries per result.
+            await asyncio.sleep(_COALESCE_S)
 
     return EventSourceResponse(stream(), ping=10)
 
