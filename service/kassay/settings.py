@@ -55,6 +55,12 @@ class Settings(BaseSettings):
     )
     max_attempts: int = Field(3, ge=1)
     worker_poll_s: float = Field(2.0, gt=0, description="how often workers are described")
+    dispatch_batch: int = Field(
+        4,
+        ge=1,
+        le=64,
+        description="groups of one job sent to a worker in one Run call (fewer round trips)",
+    )
     dispatch_depth: int = Field(
         2,
         ge=1,

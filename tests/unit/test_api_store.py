@@ -147,3 +147,24 @@ def test_list_filters_and_pages(store):
     rest = store.list_jobs(limit=10, before=page[-1].seq)
     assert len(page) == 2 and len(rest) == 2
     assert store.list_jobs(state="finished") == []
+
+
+def test_claim_groups_batches_one_jobs_groups(store):
+    a, _ = _create(store)  # two groups (K = 2, 3)
+    b, _ = _create(store, spec={**SPEC, "name": "other"})
+    first = store.claim_groups(4, worker="w1", owner="o", lease_s=60)
+    assert [c.job_id for c in first] == [a.id, a.id]  # never mixes jobs in one batch
+    assert len({c.group.group_id for c in first}) == 2
+    second = store.claim_groups(4, worker="w1", owner="o", lease_s=60)
+    assert [c.job_id for c in second] == [b.id, b.id]
+    assert store.claim_groups(4, worker="w1", owner="o", lease_s=60) == []
+
+
+def test_a_result_is_recorded_once_with_consecutive_sequence_numbers(store):
+    _create(store)
+    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
+    seqs = [store.record_result(claim.job_id, _result(claim, impl)) for impl in claim.group.impls]
+    assert seqs == [1, 2]
+    assert store.record_result(claim.job_id, _result(claim, "torch", "failed")) is None
+    job = store.require_job(claim.job_id)
+    assert job.done == 2 and job.counts["passed"] == 2 and job.counts["failed"] == 0

@@ -230,17 +230,18 @@ class Dispatcher:
                         if not await self.describe(link):
                             await asyncio.sleep(poll)
                             continue
-                    claim = await asyncio.to_thread(
-                        self.store.claim_group,
+                    claims = await asyncio.to_thread(
+                        self.store.claim_groups,
+                        self.settings.dispatch_batch,
                         worker=link.address,
                         owner=self.owner,
                         lease_s=self.settings.lease_s,
                         impls=link.impl_names() or None,
                     )
-                    if claim is None:
+                    if not claims:
                         await self._idle(poll)
                         continue
-                    task = asyncio.create_task(self._run(link, claim))
+                    task = asyncio.create_task(self._run(link, claims))
                     inflight.add(task)
                     task.add_done_callback(inflight.discard)
                     task.add_done_callback(_log_failure)
@@ -257,32 +258,36 @@ class Dispatcher:
 
     # ---------------------------------------------------------------------------- runs
 
-    async def _run(self, link: WorkerLink, claim: Claim) -> None:
+    async def _run(self, link: WorkerLink, claims: list[Claim]) -> None:
+        """Run some groups of one job in one Run call; each group is settled as soon as the
+        worker reports it done, the rest by how the stream ended."""
         from kassay.v1 import worker_pb2 as pb
         from kassay.worker.convert import group_to_proto
 
-        job_id, group = claim.job_id, claim.group
-        run_id = f"{job_id}/{group.group_id}/{claim.attempt}"
-        self.metrics.groups_dispatched.inc()
+        job_id = claims[0].job_id
+        first = claims[0]
+        run_id = f"{job_id}/{first.group.group_id}/{first.attempt}+{len(claims)}"
+        self.metrics.groups_dispatched.inc(len(claims))
         log.info(
-            "group %s of %s -> %s (attempt %d, %d impls)",
-            group.group_id,
+            "%d group(s) of %s -> %s (first %s, attempt %d)",
+            len(claims),
             job_id,
             link.address,
-            claim.attempt,
-            len(group.impls),
+            first.group.group_id,
+            first.attempt,
         )
         request = pb.RunRequest(
             run_id=run_id,
-            groups=[group_to_proto(group)],
+            groups=[group_to_proto(c.group) for c in claims],
             include_mutants=self.settings.enable_mutants,
         )
         call = link.stub.Run(request)
-        link.running[run_id] = (job_id, group.group_id)
+        open_groups = {c.group.group_id for c in claims}
+        for gid in open_groups:
+            link.running[f"{run_id}|{gid}"] = (job_id, gid)
         link.calls[run_id] = call
         outcome: str = "lost"
         reason = ""
-        not_run: list[str] = []
         try:
             while True:
                 try:
@@ -299,11 +304,12 @@ class Dispatcher:
                 which = event.WhichOneof("event")
                 if which == "result":
                     await self._store_result(job_id, event.result)
-                elif which == "done":
-                    not_run = list(event.done.not_run)
-                    reason = event.done.reason
-            if not_run:
-                outcome = "handed_back"
+                elif which == "done" and event.done.group_id in open_groups:
+                    gid = event.done.group_id
+                    open_groups.discard(gid)
+                    link.running.pop(f"{run_id}|{gid}", None)
+                    done_outcome = "handed_back" if event.done.not_run else "done"
+                    await self._settle(job_id, gid, done_outcome, event.done.reason)
         except asyncio.CancelledError:
             if run_id not in self._cancelled_runs:
                 raise
@@ -316,7 +322,9 @@ class Dispatcher:
             code = _rpc_code(exc)
             reason = _rpc_text(exc)
             if code in _TRANSIENT or code is None:
-                state = await asyncio.to_thread(self.store.group_state, job_id, group.group_id)
+                state = await asyncio.to_thread(
+                    self.store.group_state, job_id, first.group.group_id
+                )
                 if run_id in self._cancelled_runs or state == "cancelled":
                     outcome = "cancelled"
                 else:
@@ -325,10 +333,12 @@ class Dispatcher:
             else:
                 outcome = "refused"
         finally:
-            link.running.pop(run_id, None)
+            for c in claims:
+                link.running.pop(f"{run_id}|{c.group.group_id}", None)
             link.calls.pop(run_id, None)
             self._cancelled_runs.discard(run_id)
-        await self._settle(job_id, group.group_id, outcome, reason)
+        for gid in sorted(open_groups):  # groups the stream ended without reporting done
+            await self._settle(job_id, gid, outcome, reason)
 
     async def _store_result(self, job_id: str, msg: Any) -> None:
         from kassay.worker.convert import result_from_proto
@@ -383,9 +393,8 @@ class Dispatcher:
 
         wanted = set(keys)
         for link in self.links:
-            for run_id, key in list(link.running.items()):
-                if key not in wanted:
-                    continue
+            runs = {slot.split("|", 1)[0] for slot, key in link.running.items() if key in wanted}
+            for run_id in runs:
                 with contextlib.suppress(Exception):
                     await link.stub.Cancel(pb.CancelRequest(run_id=run_id), timeout=5.0)
                 call = link.calls.get(run_id)

@@ -33,6 +33,7 @@ from sqlalchemy import (
     func,
     insert,
     select,
+    true,
     type_coerce,
     update,
 )
@@ -362,11 +363,35 @@ class Store:
 
     # ---------------------------------------------------------------- groups
 
+    def claim_groups(
+        self, n: int, *, worker: str, owner: str, lease_s: float, impls: set[str] | None = None
+    ) -> list[Claim]:
+        """Lease up to `n` pending groups to `worker`, all of the oldest queued job's."""
+        first = self.claim_group(worker=worker, owner=owner, lease_s=lease_s, impls=impls)
+        if first is None:
+            return []
+        claims = [first]
+        while len(claims) < n:
+            more = self.claim_group(
+                worker=worker, owner=owner, lease_s=lease_s, impls=impls, job_id=first.job_id
+            )
+            if more is None:
+                break
+            claims.append(more)
+        return claims
+
     def claim_group(
-        self, *, worker: str, owner: str, lease_s: float, impls: set[str] | None = None
+        self,
+        *,
+        worker: str,
+        owner: str,
+        lease_s: float,
+        impls: set[str] | None = None,
+        job_id: str | None = None,
     ) -> Claim | None:
         """Lease the oldest pending group to `worker`; None when nothing is queued.
-        `impls` (what the worker offers, None = anything) skips groups it cannot run."""
+        `impls` (what the worker offers, None = anything) skips groups it cannot run;
+        `job_id` restricts the claim to one job."""
         for _ in range(20):  # another dispatcher may win the same row: try the next one
             with self.engine.connect() as conn:
                 rows = conn.execute(
@@ -377,7 +402,12 @@ class Store:
                         type_coerce(groups.c.spec, String).label("spec"),
                         groups.c.attempts,
                     )
-                    .where(groups.c.state == "pending")
+                    .where(
+                        and_(
+                            groups.c.state == "pending",
+                            groups.c.job_id == job_id if job_id is not None else true(),
+                        )
+                    )
                     .order_by(groups.c.job_seq, groups.c.idx)
                     .limit(50)
                 ).all()
