@@ -38,6 +38,7 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
 
 from kassay.api.tables import STATUS_COLUMNS, cases, groups, job_labels, jobs, metadata
 from kassay.errors import ConflictError, NotFoundError
@@ -155,6 +156,16 @@ def _record(row: Any) -> JobRecord:
         cancel_requested=bool(m["cancel_requested"]),
         spec=m.get("spec") or {},
         environments=m.get("environments") or [],
+    )
+
+
+def _leased_by(job_id: str, group_id: str, owner: str) -> ColumnElement[bool]:
+    """The group, while `owner` (an API process) holds its lease."""
+    return and_(
+        groups.c.job_id == job_id,
+        groups.c.group_id == group_id,
+        groups.c.state == "leased",
+        groups.c.owner == owner,
     )
 
 
@@ -474,14 +485,7 @@ class Store:
             for job_id, group_id in keys:
                 conn.execute(
                     update(groups)
-                    .where(
-                        and_(
-                            groups.c.job_id == job_id,
-                            groups.c.group_id == group_id,
-                            groups.c.state == "leased",
-                            groups.c.owner == owner,
-                        )
-                    )
+                    .where(_leased_by(job_id, group_id, owner))
                     .values(lease_expires_at=until)
                 )
 
@@ -547,14 +551,7 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(
                 update(groups)
-                .where(
-                    and_(
-                        groups.c.job_id == job_id,
-                        groups.c.group_id == group_id,
-                        groups.c.state == "leased",
-                        groups.c.owner == owner,
-                    )
-                )
+                .where(_leased_by(job_id, group_id, owner))
                 .values(
                     state="pending",
                     worker=None,

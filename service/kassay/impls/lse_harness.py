@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from kassay.ops.lse_merge import LseMergeParams
+from kassay.ops.lse_merge import LseMergeParams, lse_to_th
 
 Tensors = dict[str, torch.Tensor]
 MergeFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -92,7 +92,7 @@ class StepView:
     ) -> None:
         h = out.shape[0] - out_step.shape[0] if second_half else 0
         self.out = out[h:]
-        self.lse = (lse.transpose(-1, -2) if lse_layout == "hT" else lse)[h:]
+        self.lse = lse_to_th(lse, lse_layout)[h:]
         self.acc = acc[h:] if acc is not None else None
         self.base = self.acc if self.acc is not None else self.out.float()
 

@@ -15,6 +15,7 @@ from kassay.impls import flce_harness, lse_harness
 from kassay.impls.registry import Impl, register
 from kassay.ops.flce import FlceParams
 from kassay.ops.lse_merge import LseMergeParams
+from kassay.ops.lse_merge import lse_to_th as _th
 
 # ----------------------------------------------------------------------------------------- flce
 
@@ -106,10 +107,6 @@ register(
 )
 
 # ------------------------------------------------------------------------------------ lse_merge
-
-
-def _th(lse: torch.Tensor, layout: str) -> torch.Tensor:
-    return lse.transpose(-1, -2) if layout == "hT" else lse
 
 
 def _empty_to_neginf(lse: torch.Tensor) -> torch.Tensor:

@@ -292,6 +292,7 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
+        # Not available off the main thread or on Windows: then Ctrl-C / kill end it abruptly.
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
 
