@@ -417,6 +417,7 @@ def test_huge_lse_no_overflow_two_states() -> None:
         LaunchConfig(block_elems=16, num_warps=1, skip_empty_loads=True, tile_tokens=1),
         LaunchConfig(block_elems=128, num_warps=4, skip_empty_loads=False, tile_tokens=4),
         LaunchConfig(block_elems=4096, num_warps=4, skip_empty_loads=True, tile_tokens=0),
+        LaunchConfig(block_elems=2048, num_warps=4, max_registers=32),
     ],
 )
 @pytest.mark.parametrize("layout", ["hT", "Th"])

@@ -48,16 +48,23 @@ class LaunchConfig:
 
     block_elems: rows x padded D one program handles per state; num_warps: warps per program;
     skip_empty_loads: do not read the out rows of empty states (weight 0); tile_tokens: tokens
-    per tile (0 = auto: 8 when the LSE is contiguous along S, else 1).
+    per tile (0 = auto: 8 when the LSE is contiguous along S, else 1); max_registers: cap on
+    registers per thread (Triton's ``maxnreg``; 0 = the compiler's choice).
     """
 
     block_elems: int = _k.DEFAULT_BLOCK_ELEMS
     num_warps: int = _k.DEFAULT_NUM_WARPS
     skip_empty_loads: bool = _k.DEFAULT_SKIP_EMPTY_LOADS
     tile_tokens: int = 0
+    max_registers: int = 0
 
 
 _DEFAULT_CONFIG = LaunchConfig()
+
+
+def _register_cap(cfg: LaunchConfig) -> dict[str, int]:
+    """Launch option capping registers per thread, when the config asks for one."""
+    return {"maxnreg": cfg.max_registers} if cfg.max_registers > 0 else {}
 
 
 # --------------------------------------------------------------------------- validation helpers
@@ -270,6 +277,7 @@ def merge_states(
         "ACC_IN_OUT_DTYPE": accumulate == "out_dtype",
         "SKIP_EMPTY_LOADS": cfg.skip_empty_loads,
         "num_warps": cfg.num_warps,
+        **_register_cap(cfg),
     }
     n_tiles = _cdiv(s, bt) * _cdiv(hh, bh)
 
@@ -398,6 +406,7 @@ def merge_state_(
         "HAS_ACC": acc is not None,
         "SKIP_EMPTY_LOADS": cfg.skip_empty_loads,
         "num_warps": cfg.num_warps,
+        **_register_cap(cfg),
     }
     n_tiles = _cdiv(s_step, bt) * _cdiv(hh, bh)
 

@@ -1,0 +1,153 @@
+"""Probe: where does the K=2 merge with an "hT" LSE lose its ~5% to the in-place step? (H200)
+
+Times, at T=32768, Hh=32, D=128, bf16 outs, fp32 LSEs, normal regime, L2 flushed:
+- the shipped `merge_states` K=2 with stacked states (state stride a power of two, 2**28 bytes)
+  and with the states padded apart (stride not a power of two), in both LSE layouts;
+- the raw K-way kernel on hT inputs writing its LSE in the Th order (is the hT store the cost?);
+- the in-place step with separate tensors and with both states carved from one stacked buffer.
+With ``--ncu`` each variant runs once (for `ncu --kernel-name regex:merge`), in the printed
+order, so the profiler's rows can be matched to them.
+
+    PYTHONPATH=service python bench/lse_merge_probe.py [--ncu] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kassay.kernels import _lse_merge_kernels as _k
+from kassay.kernels import lse_merge as km
+
+T, HH, D = 32768, 32, 128
+
+
+def states(layout: str, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two states in one buffer, ``pad`` extra tokens between them (0: plain stack)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    outs = torch.randn(2, T + pad, HH, D, device="cuda", generator=g).to(torch.bfloat16)[:, :T]
+    if layout == "hT":
+        lses = (torch.randn(2, HH, T + pad, device="cuda", generator=g) * 3)[:, :, :T]
+    else:
+        lses = (torch.randn(2, T + pad, HH, device="cuda", generator=g) * 3)[:, :T]
+    return outs, lses
+
+
+def raw_kway(outs: torch.Tensor, lses: torch.Tensor, lse_out_ht: bool, in_layout: str):
+    out = torch.empty(T, HH, D, dtype=torch.bfloat16, device="cuda")
+    lse = torch.empty(HH * T, dtype=torch.float32, device="cuda")
+    bt, bh = (8, 2) if in_layout == "hT" else (1, 16)
+    n_tiles = (T // bt) * (HH // bh)
+    ls, lh = (
+        (lses.stride(2), lses.stride(1)) if in_layout == "hT" else (lses.stride(1), lses.stride(2))
+    )
+
+    def run() -> None:
+        _k._merge_states_kernel[(n_tiles,)](
+            out, lse, outs, lses, T, HH, D,
+            outs.stride(0), 0, outs.stride(1), outs.stride(2),
+            lses.stride(0), 0, ls, lh,
+            K=2, BLOCK_T=bt, BLOCK_H=bh, BLOCK_R=bt * bh, BLOCK_D=D, EVEN_D=True,
+            LSE_OUT_HT=lse_out_ht, POSINF_IS_EMPTY=True, ACC_IN_OUT_DTYPE=False,
+            SKIP_EMPTY_LOADS=True, num_warps=4,
+        )  # fmt: skip
+
+    return run
+
+
+def variants() -> list[tuple[str, Callable[[], Any]]]:
+    v: list[tuple[str, Callable[[], Any]]] = []
+    for layout in ("hT", "Th"):
+        for pad in (0, 8):
+            o, lz = states(layout, pad)
+            v.append(
+                (
+                    f"kway2 {layout} pad={pad}",
+                    lambda o=o, lz=lz, la=layout: km.merge_states(o, lz, lse_layout=la),
+                )
+            )
+    o, lz = states("hT", 0)
+    v.append(("raw kway2 hT in, hT lse out", raw_kway(o, lz, True, "hT")))
+    v.append(("raw kway2 hT in, Th lse out", raw_kway(o, lz, False, "hT")))
+    # In-place step: separate allocations (as the benchmark) and carved from one stacked buffer.
+    acc_o, acc_l = states("hT", 0)
+    sep = (acc_o[0].clone(), acc_l[0].clone(), acc_o[1].clone(), acc_l[1].clone())
+    v.append(("step hT separate", lambda: km.merge_state_(*sep)))
+    v.append(("step hT stacked", lambda: km.merge_state_(acc_o[0], acc_l[0], acc_o[1], acc_l[1])))
+    return v
+
+
+def sweep_registers() -> list[tuple[str, Callable[[], Any], int]]:
+    """merge_states / merge_state_ under register caps (Triton maxnreg): (name, fn, bytes)."""
+    out: list[tuple[str, Callable[[], Any], int]] = []
+    caps = {2: (0, 40, 32), 4: (0, 48, 40), 8: (0, 56, 48)}
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for k, t, hh, d, layout in [
+        (2, T, HH, D, "hT"), (2, T, HH, D, "Th"), (4, T, HH, D, "hT"), (8, T, HH, D, "hT"),
+        (2, T, HH, 64, "hT"), (2, T, 8, D, "hT"), (2, T, HH, 256, "hT"),
+    ]:  # fmt: skip
+        outs = torch.randn(k, t, hh, d, device="cuda", generator=g).to(torch.bfloat16)
+        shape = (k, hh, t) if layout == "hT" else (k, t, hh)
+        lses = torch.randn(*shape, device="cuda", generator=g) * 3
+        nbytes = (k + 1) * (t * hh * d * 2 + t * hh * 4)
+        for cap in caps[k]:
+            for elems in (2048, 1024):
+                cfg = km.LaunchConfig(block_elems=elems, max_registers=cap)
+                out.append((
+                    f"K={k} {layout} Hh={hh} D={d} elems={elems} maxnreg={cap}",
+                    lambda o=outs, lz=lses, la=layout, c=cfg: km.merge_states(
+                        o, lz, lse_layout=la, _config=c),
+                    nbytes,
+                ))  # fmt: skip
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ncu", action="store_true", help="run each variant once, no timing")
+    ap.add_argument("--registers", action="store_true", help="sweep register caps instead")
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args()
+    if a.registers:
+        from triton.testing import do_bench
+
+        sw: dict[str, Any] = {}
+        for _rnd in range(2):
+            for name, fn, nb in sweep_registers():
+                us = do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+                sw.setdefault(name, {"bytes": nb, "us": []})["us"].append(round(us, 1))
+        for name, r in sw.items():
+            print(f"{name:44s} {r['us']} us  {r['bytes'] / min(r['us']) / 1e6:.3f} TB/s")
+        if a.out:
+            a.out.write_text(json.dumps(sw, indent=1))
+        return 0
+    vs = variants()
+    torch.cuda.synchronize()
+    if a.ncu:
+        for name, fn in vs:
+            print("ncu order:", name, flush=True)
+            fn()
+        torch.cuda.synchronize()
+        return 0
+    from triton.testing import do_bench
+
+    nbytes = 3 * (T * HH * D * 2 + T * HH * 4)
+    res: dict[str, Any] = {}
+    for _rnd in range(2):  # two rounds: the spread is part of the answer
+        for name, fn in vs:
+            us = do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+            res.setdefault(name, []).append(round(us, 1))
+    for name, us in res.items():
+        print(f"{name:34s} {us} us  {nbytes / min(us) / 1e6:.3f} TB/s")
+    if a.out:
+        a.out.write_text(json.dumps({"bytes": nbytes, "us": res}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
