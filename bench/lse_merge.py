@@ -578,6 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             lc(block_elems=4096),
             lc(block_elems=2048, num_warps=2),
             lc(block_elems=2048, tile_tokens=16),
+            lc(block_elems=2048, pair_kernel=False),  # K = 2 on the K-way kernel (v4 and before)
         ]
         run_sweep(res, main_shape, configs)
 

@@ -83,27 +83,40 @@ def variants() -> list[tuple[str, Callable[[], Any]]]:
 
 
 def sweep_registers() -> list[tuple[str, Callable[[], Any], int]]:
-    """merge_states / merge_state_ under register caps (Triton maxnreg): (name, fn, bytes)."""
+    """K = 2 merges on the two-state ("pair") and K-way kernels under register caps (Triton
+    maxnreg), and the in-place steps, at several shapes: (name, fn, bytes)."""
     out: list[tuple[str, Callable[[], Any], int]] = []
-    caps = {2: (0, 40, 32), 4: (0, 48, 40), 8: (0, 56, 48)}
     g = torch.Generator(device="cuda").manual_seed(0)
-    for k, t, hh, d, layout in [
-        (2, T, HH, D, "hT"), (2, T, HH, D, "Th"), (4, T, HH, D, "hT"), (8, T, HH, D, "hT"),
-        (2, T, HH, 64, "hT"), (2, T, 8, D, "hT"), (2, T, HH, 256, "hT"),
+    cfgs = [(True, 0), (True, 32), (False, 0), (False, 40)]
+    for t, hh, d, layout in [
+        (T, HH, D, "hT"), (T, HH, D, "Th"), (T, HH, 64, "hT"), (T, 8, D, "hT"), (T, HH, 256, "hT"),
     ]:  # fmt: skip
-        outs = torch.randn(k, t, hh, d, device="cuda", generator=g).to(torch.bfloat16)
-        shape = (k, hh, t) if layout == "hT" else (k, t, hh)
+        outs = torch.randn(2, t, hh, d, device="cuda", generator=g).to(torch.bfloat16)
+        shape = (2, hh, t) if layout == "hT" else (2, t, hh)
         lses = torch.randn(*shape, device="cuda", generator=g) * 3
-        nbytes = (k + 1) * (t * hh * d * 2 + t * hh * 4)
-        for cap in caps[k]:
-            for elems in (2048, 1024):
-                cfg = km.LaunchConfig(block_elems=elems, max_registers=cap)
-                out.append((
-                    f"K={k} {layout} Hh={hh} D={d} elems={elems} maxnreg={cap}",
-                    lambda o=outs, lz=lses, la=layout, c=cfg: km.merge_states(
-                        o, lz, lse_layout=la, _config=c),
-                    nbytes,
-                ))  # fmt: skip
+        nbytes = 3 * (t * hh * d * 2 + t * hh * 4)
+        tag = f"{layout} Hh={hh} D={d}"
+        for pair, cap in cfgs:
+            cfg = km.LaunchConfig(pair_kernel=pair, max_registers=cap)
+            out.append((
+                f"K=2 {tag} {'pair' if pair else 'kway'} maxnreg={cap}",
+                lambda o=outs, lz=lses, la=layout, c=cfg: km.merge_states(
+                    o, lz, lse_layout=la, _config=c),
+                nbytes,
+            ))  # fmt: skip
+        acc_o, acc_l = outs[0].clone(), lses[0].clone()
+        st_o, st_l = outs[1].clone(), lses[1].clone()
+        out.append((f"step {tag}", lambda a=acc_o, al=acc_l, b=st_o, bl=st_l, la=layout: (
+            km.merge_state_(a, al, b, bl, lse_layout=la)), nbytes))  # fmt: skip
+        half_o = st_o[: t - t // 2].clone()
+        half_l = (st_l[:, : t - t // 2] if layout == "hT" else st_l[: t - t // 2]).clone()
+        out.append((f"half step {tag}", lambda a=acc_o, al=acc_l, b=half_o, bl=half_l, la=layout: (
+            km.merge_state_(a, al, b, bl, lse_layout=la, second_half=True)), nbytes // 2))  # fmt: skip
+    for k in (4, 8):
+        outs = torch.randn(k, T, HH, D, device="cuda", generator=g).to(torch.bfloat16)
+        lses = torch.randn(k, HH, T, device="cuda", generator=g) * 3
+        out.append((f"K={k} hT Hh={HH} D={D} kway", lambda o=outs, lz=lses: km.merge_states(o, lz),
+                    (k + 1) * (T * HH * D * 2 + T * HH * 4)))  # fmt: skip
     return out
 
 

@@ -103,8 +103,8 @@ def make_states(
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("layout", ["hT", "Th"])
 @pytest.mark.parametrize("regime", ["normal", "huge", "empty"])
-def test_merge_states_regimes(dtype: torch.dtype, layout: str, regime: str) -> None:
-    k = 3
+@pytest.mark.parametrize("k", [2, 3])  # K = 2 runs on the two-state kernel, K = 3 on the K-way one
+def test_merge_states_regimes(dtype: torch.dtype, layout: str, regime: str, k: int) -> None:
     outs, lses = make_states(k, (2,), 5, 3, 16, dtype=dtype, layout=layout, regime=regime, seed=1)
     out, lse = merge_states(outs, lses, lse_layout=layout)
     ref_o, ref_l = ref_merge(outs, lses, layout)
@@ -142,9 +142,10 @@ def test_merge_states_two_batch_dims_odd_d_and_sequences() -> None:
     lse_close(lse, ref_l)
 
 
-def test_merge_states_noncontiguous() -> None:
+@pytest.mark.parametrize("k", [2, 3])
+def test_merge_states_noncontiguous(k: int) -> None:
     # outs: heads strided (every other head of a bigger buffer), batch and seq permuted.
-    k, b, s, hh, d = 3, 2, 4, 3, 16
+    b, s, hh, d = 2, 4, 3, 16
     g = torch.Generator().manual_seed(7)
     big = torch.randn(k, s, b, 2 * hh, d, generator=g)
     outs = big[:, :, :, ::2, :].transpose(1, 2)  # [K, B, S, Hh, D], non-contiguous
@@ -408,6 +409,23 @@ def test_huge_lse_no_overflow_two_states() -> None:
     merge_state_(out, lse, torch.full((1, 1, 4), 3.0), torch.tensor([[800.0]]))
     assert math.isclose(lse.item(), 800.0 + math.log(2.0), rel_tol=2**-23)
     assert torch.allclose(out, torch.full((1, 1, 4), 2.0))
+
+
+@pytest.mark.parametrize("layout", ["hT", "Th"])
+@pytest.mark.parametrize("posinf_is_empty", [True, False])
+def test_pair_kernel_matches_kway_kernel(layout: str, posinf_is_empty: bool) -> None:
+    # K = 2 runs on the two-state kernel by default; the K-way kernel must give the same result.
+    outs, lses = make_states(
+        2, (3,), 6, 4, 24, dtype=torch.float32, layout=layout, regime="empty", seed=5
+    )
+    lses[1, 0] = torch.where(lses[1, 0] == float("-inf"), float("inf"), lses[1, 0])
+    kw = LaunchConfig(pair_kernel=False)
+    a = merge_states(outs, lses, lse_layout=layout, posinf_is_empty=posinf_is_empty)
+    b = merge_states(outs, lses, lse_layout=layout, posinf_is_empty=posinf_is_empty, _config=kw)
+    for x, y in zip(a, b, strict=True):
+        assert torch.equal(torch.isnan(x), torch.isnan(y))
+        fin = ~torch.isnan(x)
+        assert torch.allclose(x[fin], y[fin], rtol=2e-6, atol=1e-7, equal_nan=False)
 
 
 @pytest.mark.parametrize(

@@ -114,6 +114,12 @@ def _merge_states_kernel(
     # +inf that is not read as empty gives lse +inf and a NaN out, as the float64 formula does.
     inv = tl.where(ssum == 0.0, 0.0, 1.0 / ssum)
     lse = tl.where(ssum == 0.0, float("-inf"), m_safe + tl.log(ssum))
+    # Stored now, not after pass 3: frees its registers while the outs are loaded.
+    if LSE_OUT_HT:  # noqa: SIM108 (a constexpr branch)
+        z_rows = (b * HH + h) * S + s
+    else:
+        z_rows = (b * S + s) * HH + h
+    tl.store(lse_out_ptr + z_rows, lse, mask=rmask)
 
     # Pass 3: the weighted sum of the outs, accumulated in float32.
     acc = tl.zeros([BLOCK_R, BLOCK_D], tl.float32)
@@ -133,11 +139,91 @@ def _merge_states_kernel(
 
     o_rows = ((b * S + s) * HH + h) * D
     tl.store(out_ptr + o_rows[:, None] + d[None, :], acc.to(out_ptr.dtype.element_ty), mask=full)
+
+
+@triton.jit
+def _pair_weights(a_lse_ptrs, b_lse_ptrs, rmask, POSINF_IS_EMPTY: tl.constexpr):
+    """Weights (wa, wb) of two states and their merged lse, per row ([BLOCK_R] each)."""
+    a = _load_lse(a_lse_ptrs, rmask, POSINF_IS_EMPTY)
+    c = _load_lse(b_lse_ptrs, rmask, POSINF_IS_EMPTY)
+    m = tl.maximum(a, c)
+    m_safe = tl.where(tl.abs(m) == float("inf"), 0.0, m)
+    ea = tl.exp(a - m_safe)
+    ec = tl.exp(c - m_safe)
+    ssum = ea + ec
+    inv = tl.where(ssum == 0.0, 0.0, 1.0 / ssum)
+    lse = tl.where(ssum == 0.0, float("-inf"), m_safe + tl.log(ssum))
+    return ea * inv, ec * inv, lse
+
+
+@triton.jit
+def _pair_sum(a_ptrs, b_ptrs, wa, wb, full, SKIP_EMPTY_LOADS: tl.constexpr):
+    """wa * A + wb * B in float32 ([BLOCK_R, BLOCK_D]); a state of weight 0 contributes 0."""
+    if SKIP_EMPTY_LOADS:
+        x = tl.load(a_ptrs, mask=full & (wa > 0.0)[:, None], other=0.0)
+        y = tl.load(
+            b_ptrs, mask=full & (wb > 0.0)[:, None], other=0.0, eviction_policy="evict_first"
+        )
+        res = wa[:, None] * x.to(tl.float32) + wb[:, None] * y.to(tl.float32)
+    else:
+        x = tl.load(a_ptrs, mask=full, other=0.0)
+        y = tl.load(b_ptrs, mask=full, other=0.0, eviction_policy="evict_first")
+        res = tl.where((wa > 0.0)[:, None], wa[:, None] * x.to(tl.float32), 0.0)
+        res += tl.where((wb > 0.0)[:, None], wb[:, None] * y.to(tl.float32), 0.0)
+    return res
+
+
+@triton.jit
+def _merge_pair_kernel(
+    out_ptr,  # [B, S, Hh, D] result, out dtype, contiguous
+    lse_out_ptr,  # [B, Hh, S] (LSE_OUT_HT) or [B, S, Hh] result, float32, contiguous
+    outs_ptr,  # [2, B, S, Hh, D] states, any strides but D contiguous
+    lses_ptr,  # [2, B, (S, Hh) in either order] float32, any strides
+    S,
+    HH,
+    D,
+    s_ik,
+    s_ib,
+    s_is,
+    s_ih,  # outs strides (k, b, s, h)
+    s_lk,
+    s_lb,
+    s_ls,
+    s_lh,  # lses strides (k, b, s, h)
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+    LSE_OUT_HT: tl.constexpr,
+    POSINF_IS_EMPTY: tl.constexpr,
+    SKIP_EMPTY_LOADS: tl.constexpr,
+):
+    """`_merge_states_kernel` at K = 2, same arguments less K: the two states' addresses are
+    one set plus a stride, and the arithmetic that of the in-place step. Needs fewer registers
+    per thread than the K-way kernel (sm_90, "hT": 32 against 45; the LSE is stored before the
+    outs are loaded, which frees its registers), so more programs fit on an SM and more loads
+    are in flight (bench/NOTES-lse_merge.md, v5)."""
+    b, s, h, rmask = _tile_rows(S, HH, BLOCK_T, BLOCK_H, BLOCK_R)
+    d = tl.arange(0, BLOCK_D)
+    if EVEN_D:  # noqa: SIM108 (a constexpr branch; only the taken one is compiled)
+        full = rmask[:, None]
+    else:
+        full = rmask[:, None] & (d < D)[None, :]
     if LSE_OUT_HT:  # noqa: SIM108 (a constexpr branch)
         z_rows = (b * HH + h) * S + s
     else:
         z_rows = (b * S + s) * HH + h
+    a_lse = lses_ptr + b * s_lb + s * s_ls + h * s_lh
+    b_lse = lses_ptr + tl.cast(s_lk, tl.int64) + b * s_lb + s * s_ls + h * s_lh
+    wa, wb, lse = _pair_weights(a_lse, b_lse, rmask, POSINF_IS_EMPTY)
     tl.store(lse_out_ptr + z_rows, lse, mask=rmask)
+    rows = b * s_ib + s * s_is + h * s_ih
+    a_ptrs = outs_ptr + rows[:, None] + d[None, :]
+    b_ptrs = outs_ptr + tl.cast(s_ik, tl.int64) + rows[:, None] + d[None, :]
+    res = _pair_sum(a_ptrs, b_ptrs, wa, wb, full, SKIP_EMPTY_LOADS)
+    o_rows = ((b * S + s) * HH + h) * D
+    tl.store(out_ptr + o_rows[:, None] + d[None, :], res.to(out_ptr.dtype.element_ty), mask=full)
 
 
 @triton.jit
@@ -182,38 +268,16 @@ def _merge_state_inplace_kernel(
         full = rmask[:, None]
     else:
         full = rmask[:, None] & (d < D)[None, :]
-
     lse_ptrs = lse_ptr + b * s_lb + sa * s_ls + h * s_lh
-    a = _load_lse(lse_ptrs, rmask, POSINF_IS_EMPTY)
-    c = _load_lse(step_lse_ptr + b * s_qb + s * s_qs + h * s_qh, rmask, POSINF_IS_EMPTY)
-    m = tl.maximum(a, c)
-    m_safe = tl.where(tl.abs(m) == float("inf"), 0.0, m)
-    ea = tl.exp(a - m_safe)
-    ec = tl.exp(c - m_safe)
-    ssum = ea + ec
-    inv = tl.where(ssum == 0.0, 0.0, 1.0 / ssum)
-    wa = ea * inv
-    wc = ec * inv
-    lse = tl.where(ssum == 0.0, float("-inf"), m_safe + tl.log(ssum))
-
+    q_ptrs = step_lse_ptr + b * s_qb + s * s_qs + h * s_qh
+    wa, wb, lse = _pair_weights(lse_ptrs, q_ptrs, rmask, POSINF_IS_EMPTY)
     o_ptrs = out_ptr + (b * s_ob + sa * s_os + h * s_oh)[:, None] + d[None, :]
     p_ptrs = step_ptr + (b * s_pb + s * s_ps + h * s_ph)[:, None] + d[None, :]
     if HAS_ACC:
         prev_ptrs = acc_ptr + (b * s_ab + sa * s_as + h * s_ah)[:, None] + d[None, :]
     else:
-        prev_ptrs = o_ptrs
-    if SKIP_EMPTY_LOADS:
-        x = tl.load(prev_ptrs, mask=full & (wa > 0.0)[:, None], other=0.0)
-        y = tl.load(
-            p_ptrs, mask=full & (wc > 0.0)[:, None], other=0.0, eviction_policy="evict_first"
-        )
-        res = wa[:, None] * x.to(tl.float32) + wc[:, None] * y.to(tl.float32)
-    else:
-        x = tl.load(prev_ptrs, mask=full, other=0.0)
-        y = tl.load(p_ptrs, mask=full, other=0.0, eviction_policy="evict_first")
-        res = tl.where((wa > 0.0)[:, None], wa[:, None] * x.to(tl.float32), 0.0)
-        res += tl.where((wc > 0.0)[:, None], wc[:, None] * y.to(tl.float32), 0.0)
-
+        prev_ptrs = o_ptrs  # one set of addresses for the read and the write: fewer registers
+    res = _pair_sum(prev_ptrs, p_ptrs, wa, wb, full, SKIP_EMPTY_LOADS)
     if HAS_ACC:
         tl.store(prev_ptrs, res, mask=full)
     tl.store(o_ptrs, res.to(out_ptr.dtype.element_ty), mask=full)

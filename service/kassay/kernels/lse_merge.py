@@ -49,7 +49,9 @@ class LaunchConfig:
     block_elems: rows x padded D one program handles per state; num_warps: warps per program;
     skip_empty_loads: do not read the out rows of empty states (weight 0); tile_tokens: tokens
     per tile (0 = auto: 8 when the LSE is contiguous along S, else 1); max_registers: cap on
-    registers per thread (Triton's ``maxnreg``; 0 = the compiler's choice).
+    registers per thread (Triton's ``maxnreg``; 0 = the compiler's choice); pair_kernel: run
+    K = 2 merges (float32 accumulation) on the two-state kernel the in-place step uses, which
+    needs fewer registers than the K-way kernel (False: the K-way kernel, for comparisons).
     """
 
     block_elems: int = _k.DEFAULT_BLOCK_ELEMS
@@ -57,9 +59,14 @@ class LaunchConfig:
     skip_empty_loads: bool = _k.DEFAULT_SKIP_EMPTY_LOADS
     tile_tokens: int = 0
     max_registers: int = 0
+    pair_kernel: bool = True
 
 
 _DEFAULT_CONFIG = LaunchConfig()
+
+
+# K-way kernel constants the two-state kernel does not take.
+_KWAY_ONLY = ("K", "ACC_IN_OUT_DTYPE")
 
 
 def _register_cap(cfg: LaunchConfig) -> dict[str, int]:
@@ -281,6 +288,10 @@ def merge_states(
     }
     n_tiles = _cdiv(s, bt) * _cdiv(hh, bh)
 
+    pair = k == 2 and accumulate == "float32" and cfg.pair_kernel
+    if pair:
+        consts = {c: v for c, v in consts.items() if c not in _KWAY_ONLY}
+
     def launch(v: list[torch.Tensor]) -> None:
         o_in, l_in, o_out, l_out = v
         nbv = o_out.dim() - 3
@@ -296,7 +307,8 @@ def merge_states(
         assert ib is not None and lb is not None
         i_s, i_h = _seq_head_strides(o_in, None)
         l_s, l_h = _seq_head_strides(l_in, lse_layout)
-        _k._merge_states_kernel[(n_tiles * nbatch,)](
+        kernel = _k._merge_pair_kernel if pair else _k._merge_states_kernel
+        kernel[(n_tiles * nbatch,)](
             o_out, l_out, o_in, l_in, s, hh, d,
             o_in.stride(0), ib, i_s, i_h,
             l_in.stride(0), lb, l_s, l_h,
