@@ -124,8 +124,46 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ncu", action="store_true", help="run each variant once, no timing")
     ap.add_argument("--registers", action="store_true", help="sweep register caps instead")
+    ap.add_argument("--half", action="store_true", help="sweep launch configs of the half step")
     ap.add_argument("--out", type=Path)
     a = ap.parse_args()
+    if a.half:
+        from triton.testing import do_bench
+
+        g = torch.Generator(device="cuda").manual_seed(0)
+        acc_o = torch.randn(T, HH, D, device="cuda", generator=g).to(torch.bfloat16)
+        acc_l = torch.randn(HH, T, device="cuda", generator=g) * 3
+        st_o = torch.randn(T // 2, HH, D, device="cuda", generator=g).to(torch.bfloat16)
+        st_l = torch.randn(HH, T // 2, device="cuda", generator=g) * 3
+        nb = 3 * (T // 2) * HH * (D * 2 + 4)
+        src, dst = (
+            torch.empty(nb // 8, device="cuda"),
+            torch.empty(nb // 8, device="cuda"),
+        )  # nb moved
+        hs: dict[str, list[float]] = {}
+        for _rnd in range(2):
+            hs.setdefault("copy same bytes", []).append(
+                do_bench(lambda: dst.copy_(src), warmup=25, rep=200) * 1e3)  # fmt: skip
+            for elems, warps, tt in [
+                (2048, 4, 0),
+                (2048, 4, 16),
+                (2048, 4, 32),
+                (1024, 4, 0),
+                (4096, 8, 0),
+                (2048, 8, 16),
+                (1024, 2, 0),
+                (4096, 4, 32),
+            ]:
+                cfg = km.LaunchConfig(block_elems=elems, num_warps=warps, tile_tokens=tt)
+                us = do_bench(lambda c=cfg: km.merge_state_(
+                    acc_o, acc_l, st_o, st_l, second_half=True, _config=c),
+                    warmup=25, rep=200) * 1e3  # fmt: skip
+                hs.setdefault(f"elems={elems} warps={warps} tile_tokens={tt}", []).append(us)
+        for name, us in hs.items():
+            print(f"{name:40s} {[round(u, 1) for u in us]} us  {nb / min(us) / 1e6:.3f} TB/s")
+        if a.out:
+            a.out.write_text(json.dumps({"bytes": nb, "us": hs}, indent=1))
+        return 0
     if a.registers:
         from triton.testing import do_bench
 
