@@ -8,53 +8,12 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from flce_reference import II, check_against_reference, flce_kernel, rel_l2
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
-
-II = -100
-
-
-def _flce():
-    from kassay.kernels.flce import fused_linear_cross_entropy
-
-    return fused_linear_cross_entropy
-
-
-def _loss_fn(x, w, t, b, ls, red, cap, zls, logits_fp32=True):
-    """Eager formula (also the float64 reference when given float64 tensors)."""
-    z = F.linear(x, w, b)
-    if logits_fp32 and z.dtype != torch.float64:
-        z = z.float()
-    if cap is not None:
-        z = cap * torch.tanh(z / cap)
-    ce = F.cross_entropy(z, t, ignore_index=II, label_smoothing=ls, reduction="none")
-    valid = t != II
-    zl = zls * torch.logsumexp(z, -1) ** 2 * valid
-    tot = ce + zl
-    if red == "mean":
-        nv = valid.sum().clamp_min(1)
-        return tot.sum() / nv, zl.sum() / nv
-    if red == "sum":
-        return tot.sum(), zl.sum()
-    return tot, zl
-
-
-def _run(fn, x, w, t, b, go, **kw):
-    xr = x.detach().clone().requires_grad_()
-    wr = w.detach().clone().requires_grad_()
-    br = None if b is None else b.detach().clone().requires_grad_()
-    loss, zl = fn(xr, wr, t, br, **kw)
-    loss.backward(go.to(loss.dtype))
-    return loss.detach(), zl.detach(), xr.grad, wr.grad, None if b is None else br.grad
-
-
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    nb = b.norm()
-    return float((a - b).norm() / nb) if nb > 0 else float(a.norm())
 
 
 def _inputs(n, h, v, dtype, bias, ignore_frac, seed=0, wscale=1.0):
@@ -70,50 +29,11 @@ def _inputs(n, h, v, dtype, bias, ignore_frac, seed=0, wscale=1.0):
 def _compare(n, h, v, dtype, bias, ignore_frac, ls, red, cap, zls, budget=None, factor=1.5):
     x, w, t, b = _inputs(n, h, v, dtype, bias, ignore_frac, wscale=3.0)
     go = torch.randn(n, device="cuda") if red == "none" else torch.tensor(1.0, device="cuda")
-    d = torch.float64
-    ref = _run(
-        lambda xx, ww, tt, bb: _loss_fn(xx, ww, tt, bb, ls, red, cap, zls),
-        x.to(d),
-        w.to(d),
-        t,
-        None if b is None else b.to(d),
-        go.to(d),
-    )
-    eag = _run(lambda xx, ww, tt, bb: _loss_fn(xx, ww, tt, bb, ls, red, cap, zls), x, w, t, b, go)
-    got = _run(
-        lambda xx, ww, tt, bb: _flce()(
-            xx,
-            ww,
-            tt,
-            bb,
-            label_smoothing=ls,
-            reduction=red,
-            softcap=cap,
-            z_loss_scale=zls,
-            return_z_loss=True,
-            memory_budget_bytes=budget,
-        ),
-        x,
-        w,
-        t,
-        b,
-        go,
-    )
-    names = ["loss", "z_loss", "grad_input", "grad_weight", "grad_bias"]
     floor = 2e-6 if dtype == torch.float32 else 1e-4
-    for name, r, e, k in zip(names, ref, eag, got, strict=True):
-        if r is None:
-            continue
-        assert k.dtype == (torch.float32 if name in ("loss", "z_loss") else dtype), name
-        assert torch.isfinite(k).all(), name
-        if name == "z_loss" and zls == 0:
-            assert float(k.abs().max()) == 0.0
-            continue
-        if float(r.abs().max()) == 0.0:
-            assert float(k.abs().max()) == 0.0, f"{name}: expected exact zeros"
-            continue
-        ek, ee = _rel(k, r), _rel(e, r)
-        assert ek <= factor * ee + floor, f"{name}: kassay {ek:.3e} vs eager {ee:.3e}"
+    check_against_reference(
+        x, w, t, b, go, ls=ls, red=red, cap=cap, zls=zls, budget=budget, factor=factor,
+        floor=floor,
+    )  # fmt: skip
 
 
 GRID = list(
@@ -196,8 +116,8 @@ def test_gemm_tma_matches_plain_kernel(final):
         finally:
             m.USE_TMA_GEMM = old
         outs.append(o)
-        assert _rel(o, ref) < (4e-3 if final else 5e-4)
-    assert _rel(outs[0], outs[1].double()) < (8e-3 if final else 1e-3)
+        assert rel_l2(o, ref) < (4e-3 if final else 5e-4)
+    assert rel_l2(outs[0], outs[1].double()) < (8e-3 if final else 1e-3)
 
 
 @pytest.mark.parametrize("n,h,v", [(1, 64, 123), (37, 4097, 123), (64, 256, 50257)])
@@ -212,7 +132,7 @@ def test_autocast(amp, bias):
     xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
     br = None if b is None else b.clone().requires_grad_()
     with torch.autocast("cuda", dtype=amp):
-        loss = _flce()(xr, wr, t, br, memory_budget_bytes=64 * 3001 * 2)
+        loss = flce_kernel()(xr, wr, t, br, memory_budget_bytes=64 * 3001 * 2)
     loss.backward()
     assert xr.grad.dtype == torch.float32 and wr.grad.dtype == torch.float32
     assert br is None or br.grad.dtype == torch.float32
@@ -226,14 +146,14 @@ def test_autocast(amp, bias):
     bd = None if b is None else b.to(d).requires_grad_()
     F.cross_entropy(F.linear(xd, wd, bd), t).backward()
     for k, e, r in ((xr.grad, xe.grad, xd.grad), (wr.grad, we.grad, wd.grad)):
-        assert _rel(k, r) <= 1.5 * _rel(e, r) + 1e-4
+        assert rel_l2(k, r) <= 1.5 * rel_l2(e, r) + 1e-4
     assert abs(float(loss) - float(le)) <= 1e-2 * abs(float(le))
 
 
 def test_all_ignored_no_nan():
     x, w, t, b = _inputs(64, 64, 1000, torch.bfloat16, True, 1.0)
     xr, wr, br = (a.clone().requires_grad_() for a in (x, w, b))
-    loss = _flce()(xr, wr, t, br, z_loss_scale=1e-3)
+    loss = flce_kernel()(xr, wr, t, br, z_loss_scale=1e-3)
     loss.backward()
     assert float(loss) == 0.0
     for g in (xr.grad, wr.grad, br.grad):
@@ -262,7 +182,7 @@ def test_large_drift_and_memory():
     gw64 = _ref64_gw(x, w, t)
     we = w.clone().requires_grad_()
     F.cross_entropy(F.linear(x, we).float(), t).backward()
-    e_eager = _rel(we.grad, gw64)
+    e_eager = rel_l2(we.grad, gw64)
     del we
     torch.cuda.empty_cache()
     wr = w.clone().requires_grad_()
@@ -270,10 +190,10 @@ def test_large_drift_and_memory():
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    _flce()(xr, wr, t).backward()
+    flce_kernel()(xr, wr, t).backward()
     torch.cuda.synchronize()
     peak = (torch.cuda.max_memory_allocated() - before) / 2**30
-    e_k = _rel(wr.grad, gw64)
+    e_k = rel_l2(wr.grad, gw64)
     print(f"grad_weight rel-L2 kassay {e_k:.3e} eager {e_eager:.3e}; peak extra {peak:.3f} GiB")
     assert e_k <= 1.25 * e_eager
     # model: grads (V·H + N·H)·2 bytes + the default logits budget + small row buffers

@@ -12,53 +12,14 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from flce_reference import II, check_against_reference, flce_kernel, rel_l2
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
     reason="needs TRITON_INTERPRET=1 (set by tests/conftest.py on hosts without a GPU)",
 )
 
-II = -100
 DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-
-
-def _flce():
-    from kassay.kernels.flce import fused_linear_cross_entropy
-
-    return fused_linear_cross_entropy
-
-
-def _loss_fn(x, w, t, b, ls, red, cap, zls):
-    z = F.linear(x, w, b)
-    if z.dtype != torch.float64:
-        z = z.float()  # eager baseline: logits in the input dtype, CE in float32
-    if cap is not None:
-        z = cap * torch.tanh(z / cap)
-    ce = F.cross_entropy(z, t, ignore_index=II, label_smoothing=ls, reduction="none")
-    valid = t != II
-    zl = zls * torch.logsumexp(z, -1) ** 2 * valid
-    tot = ce + zl
-    if red == "mean":
-        nv = valid.sum().clamp_min(1)
-        return tot.sum() / nv, zl.sum() / nv
-    if red == "sum":
-        return tot.sum(), zl.sum()
-    return tot, zl
-
-
-def _run(fn, x, w, t, b, go):
-    xr = x.detach().clone().requires_grad_()
-    wr = w.detach().clone().requires_grad_()
-    br = None if b is None else b.detach().clone().requires_grad_()
-    loss, zl = fn(xr, wr, t, br)
-    loss.backward(go.to(loss.dtype))
-    return loss.detach(), zl.detach(), xr.grad, wr.grad, None if b is None else br.grad
-
-
-def _rel(a, b):
-    a, b = a.double(), b.double()
-    nb = b.norm()
-    return float((a - b).norm() / nb) if nb > 0 else float(a.norm())
 
 
 def _inputs(n, h, v, dtype, bias, ignore_frac, seed):
@@ -75,48 +36,10 @@ def _compare(n, h, v, dtype, bias, ign, ls, red, cap, zls, budget=None, factor=1
     x, w, t, b = _inputs(n, h, v, dtype, bias, ign, seed)
     g = torch.Generator().manual_seed(seed + 1)
     go = (torch.randn(n, generator=g) if red == "none" else torch.tensor(1.0)).to(DEV)
-    d = torch.float64
-    ref = _run(
-        lambda xx, ww, tt, bb: _loss_fn(xx, ww, tt, bb, ls, red, cap, zls),
-        x.to(d),
-        w.to(d),
-        t,
-        None if b is None else b.to(d),
-        go.to(d),
-    )
-    eag = _run(lambda xx, ww, tt, bb: _loss_fn(xx, ww, tt, bb, ls, red, cap, zls), x, w, t, b, go)
-    got = _run(
-        lambda xx, ww, tt, bb: _flce()(
-            xx,
-            ww,
-            tt,
-            bb,
-            label_smoothing=ls,
-            reduction=red,
-            softcap=cap,
-            z_loss_scale=zls,
-            return_z_loss=True,
-            memory_budget_bytes=budget,
-        ),
-        x,
-        w,
-        t,
-        b,
-        go,
-    )
-    floor = 4 * torch.finfo(dtype).eps
-    names = ["loss", "z_loss", "grad_input", "grad_weight", "grad_bias"]
-    for name, r, e, k in zip(names, ref, eag, got, strict=True):
-        if r is None:
-            continue
-        assert k.dtype == (torch.float32 if name in ("loss", "z_loss") else dtype), name
-        assert k.shape == r.shape, name
-        assert torch.isfinite(k).all(), name
-        if float(r.abs().max()) == 0.0:
-            assert float(k.abs().max()) == 0.0, f"{name}: expected exact zeros"
-            continue
-        ek, ee = _rel(k, r), _rel(e, r)
-        assert ek <= factor * ee + floor, f"{name}: kassay {ek:.3e} vs eager {ee:.3e}"
+    check_against_reference(
+        x, w, t, b, go, ls=ls, red=red, cap=cap, zls=zls, budget=budget, factor=factor,
+        floor=4 * torch.finfo(dtype).eps,
+    )  # fmt: skip
 
 
 # (bias, label_smoothing, ignore_fraction, softcap, z_loss_scale)
@@ -155,7 +78,7 @@ def test_reduction_none_per_row_grad_output():
     # a Liger bug scaled every row's gradient by grad_output[0]
     x, w, t, _ = _inputs(16, 16, 50, torch.float32, False, 0.0, 3)
     xr = x.clone().requires_grad_()
-    loss = _flce()(xr, w, t, reduction="none")
+    loss = flce_kernel()(xr, w, t, reduction="none")
     go = torch.zeros(16, device=DEV)
     go[5] = 1.0
     loss.backward(go)
@@ -166,7 +89,9 @@ def test_reduction_none_per_row_grad_output():
 def test_all_ignored_mean_is_zero():
     x, w, t, b = _inputs(8, 16, 40, torch.float32, True, 1.0, 4)
     xr, wr, br = (a.clone().requires_grad_() for a in (x, w, b))
-    loss, zl = _flce()(xr, wr, t, br, z_loss_scale=1e-3, label_smoothing=0.1, return_z_loss=True)
+    loss, zl = flce_kernel()(
+        xr, wr, t, br, z_loss_scale=1e-3, label_smoothing=0.1, return_z_loss=True
+    )
     loss.backward()
     assert float(loss.detach()) == 0.0 and float(zl) == 0.0
     for g in (xr.grad, wr.grad, br.grad):
@@ -179,7 +104,7 @@ def test_autocast_fp32_params_fp16():
         xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
         br = None if bias is None else bias.clone().requires_grad_()
         with torch.autocast(DEV, dtype=torch.float16):
-            loss = _flce()(xr, wr, t, br)
+            loss = flce_kernel()(xr, wr, t, br)
         loss.backward()
         assert xr.grad.dtype == wr.grad.dtype == torch.float32
         assert br is None or br.grad.dtype == torch.float32
@@ -195,14 +120,14 @@ def test_module_matches_function():
     x, w, t, b = _inputs(10, 16, 33, torch.float32, True, 0.2, 6)
     mod = FusedLinearCrossEntropyLoss(label_smoothing=0.1, z_loss_scale=1e-3, softcap=4.0)
     a = mod(x, w, t, b)
-    c = _flce()(x, w, t, b, label_smoothing=0.1, z_loss_scale=1e-3, softcap=4.0)
+    c = flce_kernel()(x, w, t, b, label_smoothing=0.1, z_loss_scale=1e-3, softcap=4.0)
     assert torch.equal(a, c)
 
 
 def test_no_grad_forward_only():
     x, w, t, _ = _inputs(10, 16, 33, torch.float32, False, 0.0, 7)
     with torch.no_grad():
-        loss = _flce()(x.requires_grad_(), w, t)
+        loss = flce_kernel()(x.requires_grad_(), w, t)
     ref = F.cross_entropy(F.linear(x.double(), w.double()), t)
     assert abs(float(loss) - float(ref)) < 1e-5
 
@@ -218,7 +143,7 @@ def test_gemm_and_finalize_kernels():
     s = torch.tensor([0.5], device=DEV)
     m._launch_gemm_tn(a, bb, c, s, accumulate=True)
     ref = c0.double() + 0.5 * a.double().t() @ bb.double()
-    assert _rel(c, ref) < 1e-6
+    assert rel_l2(c, ref) < 1e-6
     # in-place float16 -> bfloat16 conversion with a factor
     acc = (torch.randn(1000, generator=g) * 100).half().to(DEV)
     want = (acc.float() * 0.25).to(torch.bfloat16)
@@ -248,7 +173,7 @@ def test_gemm_final_writes_finished_gradient():
         fin=torch.tensor([0.125], device=DEV),
     )
     ref = (c0.double() + 0.5 * a.double().t() @ bb.double()) * 0.125
-    assert _rel(out, ref) < 2e-3
+    assert rel_l2(out, ref) < 2e-3
 
 
 @pytest.mark.skipif(
@@ -292,7 +217,7 @@ def test_gemm_tma_persistent_kernel(accumulate, final):
     ref = 0.5 * a.double().t() @ bb.double() + (c0.double() if accumulate else 0.0)
     if final:
         ref = ref * 0.25
-    assert _rel(out, ref) < 2e-3
+    assert rel_l2(out, ref) < 2e-3
 
 
 def test_plan_rows():
@@ -321,18 +246,18 @@ def test_plan_rows():
 def test_bad_options(kw, match):
     x, w, t, _ = _inputs(4, 8, 10, torch.float32, False, 0.0, 9)
     with pytest.raises(ValueError, match=match):
-        _flce()(x, w, t, **kw)
+        flce_kernel()(x, w, t, **kw)
 
 
 def test_bad_shapes_and_targets():
     x, w, t, _ = _inputs(4, 8, 10, torch.float32, False, 0.0, 10)
     with pytest.raises(ValueError, match="H="):
-        _flce()(x, w[:, :4], t)
+        flce_kernel()(x, w[:, :4], t)
     with pytest.raises(ValueError, match="target"):
-        _flce()(x, w, t[:3])
+        flce_kernel()(x, w, t[:3])
     with pytest.raises(ValueError, match="outside"):
-        _flce()(x, w, torch.full_like(t, 10))
+        flce_kernel()(x, w, torch.full_like(t, 10))
     with pytest.raises(ValueError, match="bias"):
-        _flce()(x, w, t, torch.zeros(3, device=DEV))
+        flce_kernel()(x, w, t, torch.zeros(3, device=DEV))
     with pytest.raises(ValueError, match="share a dtype"):
-        _flce()(x, w.half(), t)
+        flce_kernel()(x, w.half(), t)

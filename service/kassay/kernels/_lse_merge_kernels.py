@@ -60,6 +60,16 @@ def _tile_rows(S, HH, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.
 
 
 @triton.jit
+def _lse_out_rows(b, s, h, S, HH, LSE_OUT_HT: tl.constexpr):
+    """Offsets of rows (b, s, h) in a contiguous result LSE, [B, Hh, S] or [B, S, Hh]."""
+    if LSE_OUT_HT:  # noqa: SIM108 (a constexpr branch)
+        z_rows = (b * HH + h) * S + s
+    else:
+        z_rows = (b * S + s) * HH + h
+    return z_rows
+
+
+@triton.jit
 def _merge_states_kernel(
     out_ptr,  # [B, S, Hh, D] result, out dtype, contiguous
     lse_out_ptr,  # [B, Hh, S] (LSE_OUT_HT) or [B, S, Hh] result, float32, contiguous
@@ -115,10 +125,7 @@ def _merge_states_kernel(
     inv = tl.where(ssum == 0.0, 0.0, 1.0 / ssum)
     lse = tl.where(ssum == 0.0, float("-inf"), m_safe + tl.log(ssum))
     # Stored now, not after pass 3: frees its registers while the outs are loaded.
-    if LSE_OUT_HT:  # noqa: SIM108 (a constexpr branch)
-        z_rows = (b * HH + h) * S + s
-    else:
-        z_rows = (b * S + s) * HH + h
+    z_rows = _lse_out_rows(b, s, h, S, HH, LSE_OUT_HT)
     tl.store(lse_out_ptr + z_rows, lse, mask=rmask)
 
     # Pass 3: the weighted sum of the outs, accumulated in float32.
@@ -210,10 +217,7 @@ def _merge_pair_kernel(
         full = rmask[:, None]
     else:
         full = rmask[:, None] & (d < D)[None, :]
-    if LSE_OUT_HT:  # noqa: SIM108 (a constexpr branch)
-        z_rows = (b * HH + h) * S + s
-    else:
-        z_rows = (b * S + s) * HH + h
+    z_rows = _lse_out_rows(b, s, h, S, HH, LSE_OUT_HT)
     a_lse = lses_ptr + b * s_lb + s * s_ls + h * s_lh
     b_lse = lses_ptr + tl.cast(s_lk, tl.int64) + b * s_lb + s * s_ls + h * s_lh
     wa, wb, lse = _pair_weights(a_lse, b_lse, rmask, POSINF_IS_EMPTY)
