@@ -25,9 +25,10 @@ CE_BLOCK_V_INTERP = 64
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for the grad_weight GEMM on Hopper.
 GEMM_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
-# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, EPI_SPLIT) for its TMA/persistent
-# variant (compute capability >= 9 and 16-byte aligned rows).
-GEMM_TMA_CONFIG_GPU = (128, 256, 64, 8, 8, 3, 2)
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, EPI_SPLIT, CTAS_PER_SM) for its
+# TMA/persistent variant (compute capability >= 9 and 16-byte aligned rows). CTAS_PER_SM > 1
+# launches that many persistent programs per SM, so one's epilogue can overlap another's MMAs.
+GEMM_TMA_CONFIG_GPU = (128, 256, 64, 8, 8, 3, 2, 1)
 GEMM_CONFIG_INTERP = (32, 32, 32, 4, 4, 1)
 
 FIN_BLOCK_GPU = 4096

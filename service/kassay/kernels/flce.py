@@ -191,8 +191,8 @@ def _launch_gemm_tn(a, b, c, scale, accumulate, out=None, fin=None):
     if _tma_ok(a, b, c, out):
         from triton.tools.tensor_descriptor import TensorDescriptor
 
-        bm, bn, bk, gm, warps, stages, split = K.GEMM_TMA_CONFIG_GPU
-        sms = _num_sms(a.device.index if a.device.index is not None else 0)
+        bm, bn, bk, gm, warps, stages, split, ctas = K.GEMM_TMA_CONFIG_GPU
+        sms = _num_sms(a.device.index if a.device.index is not None else 0) * ctas
         eb = [bm, bn // split]
         K._gemm_tn_acc_tma_kernel[(min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)](
             TensorDescriptor.from_tensor(a, [bk, bm]),
