@@ -50,8 +50,8 @@ class LaunchConfig:
     skip_empty_loads: do not read the out rows of empty states (weight 0); tile_tokens: tokens
     per tile (0 = auto: 8 when the LSE is contiguous along S, else 1); max_registers: cap on
     registers per thread (Triton's ``maxnreg``; 0 = the compiler's choice); pair_kernel: run
-    K = 2 merges (float32 accumulation) on the two-state kernel the in-place step uses, which
-    needs fewer registers than the K-way kernel (False: the K-way kernel, for comparisons).
+    K = 2 merges (float32 accumulation) on a two-state kernel with the in-place step's arithmetic,
+    which needs fewer registers than the K-way kernel (False: the K-way kernel, for comparisons).
     """
 
     block_elems: int = _k.DEFAULT_BLOCK_ELEMS
