@@ -170,9 +170,10 @@ def test_merge_states_unmergeable_batch_dims() -> None:
     lse_close(lse, ref_l)
 
 
-def test_merge_states_out_dtype_and_accumulate() -> None:
+@pytest.mark.parametrize("k", [2, 4])  # K = 2: the pair kernel (float32) and K-way (out_dtype)
+def test_merge_states_out_dtype_and_accumulate(k: int) -> None:
     outs, lses = make_states(
-        4, (1,), 6, 2, 16, dtype=torch.float32, layout="hT", regime="normal", seed=9
+        k, (1,), 6, 2, 16, dtype=torch.float32, layout="hT", regime="normal", seed=9
     )
     ref_o, _ = ref_merge(outs, lses, "hT")
     out16, _ = merge_states(outs, lses, out_dtype=torch.float16)
@@ -181,7 +182,9 @@ def test_merge_states_out_dtype_and_accumulate() -> None:
     ref16, _ = ref_merge(outs.half(), lses, "hT")
     assert out16s.dtype == torch.float16
     # rounding after every state: worse than one rounding but bounded by K roundings
-    assert rel_l2(out16s, ref16) <= 4 * 1e-3
+    assert rel_l2(out16s, ref16) <= k * 1e-3
+    out32, _ = merge_states(outs.half(), lses, out_dtype=torch.float32)
+    assert out32.dtype == torch.float32 and rel_l2(out32, ref16) <= 2e-6
 
 
 @pytest.mark.parametrize("base", [-1e4, 1e4])
