@@ -160,6 +160,24 @@ def test_claim_groups_batches_one_jobs_groups(store):
     assert store.claim_groups(4, worker="w1", owner="o", lease_s=60) == []
 
 
+def test_claim_groups_leaves_a_fair_share_to_other_workers(store):
+    spec = {**SPEC, "suites": [{**SPEC["suites"][0], "seeds": list(range(4))}]}  # 8 groups
+    job, _ = _create(store, spec=spec)
+    a = store.claim_groups(8, worker="w1", owner="o", lease_s=60, share=2)
+    assert len(a) == 4  # half of 8 pending
+    b = store.claim_groups(8, worker="w1", owner="o", lease_s=60, share=2)
+    assert len(b) == 2  # half of the 4 left
+    c = store.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2)
+    assert len(c) == 1  # half of 2
+    d = store.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2)
+    assert len(d) == 1  # the last one (never 0 while something is pending)
+    assert {x.group.group_id for x in a + b + c + d} == {
+        g.group_id for g in expand(parse_spec(spec))
+    }
+    assert store.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2) == []
+    assert all(x.job_id == job.id for x in a + b + c + d)
+
+
 def test_a_result_is_recorded_once_with_consecutive_sequence_numbers(store):
     _create(store)
     claim = store.claim_group(worker="w1", owner="o", lease_s=60)

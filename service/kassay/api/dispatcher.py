@@ -237,6 +237,7 @@ class Dispatcher:
                         owner=self.owner,
                         lease_s=self.settings.lease_s,
                         impls=link.impl_names() or None,
+                        share=sum(1 for other in self.links if other.state == "up"),
                     )
                     if not claims:
                         await self._idle(poll)

@@ -375,12 +375,31 @@ class Store:
     # ---------------------------------------------------------------- groups
 
     def claim_groups(
-        self, n: int, *, worker: str, owner: str, lease_s: float, impls: set[str] | None = None
+        self,
+        n: int,
+        *,
+        worker: str,
+        owner: str,
+        lease_s: float,
+        impls: set[str] | None = None,
+        share: int = 1,
     ) -> list[Claim]:
-        """Lease up to `n` pending groups to `worker`, all of the oldest queued job's."""
+        """Lease up to `n` pending groups to `worker`, all of the oldest queued job's.
+
+        `share` is how many workers are taking from the queue: a claim then takes at most its
+        fair part of the job's pending groups (rounded up), so one worker does not batch away
+        a job while the others idle."""
         first = self.claim_group(worker=worker, owner=owner, lease_s=lease_s, impls=impls)
         if first is None:
             return []
+        if share > 1 and n > 1:
+            with self.engine.connect() as conn:
+                pending = conn.execute(
+                    select(func.count())
+                    .select_from(groups)
+                    .where(and_(groups.c.job_id == first.job_id, groups.c.state == "pending"))
+                ).scalar_one()
+            n = min(n, max(1, -(-(pending + 1) // share)))
         claims = [first]
         while len(claims) < n:
             more = self.claim_group(
