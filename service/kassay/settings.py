@@ -59,7 +59,10 @@ class Settings(BaseSettings):
         4,
         ge=1,
         le=64,
-        description="groups of one job sent to a worker in one Run call (fewer round trips)",
+        description=(
+            "groups of one job sent to a worker in one Run call (fewer round trips); with "
+            "several workers up, at most a worker's fair share of the job's pending groups"
+        ),
     )
     dispatch_depth: int = Field(
         2,
