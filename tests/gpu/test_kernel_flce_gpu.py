@@ -198,3 +198,20 @@ def test_large_drift_and_memory():
     assert e_k <= 1.25 * e_eager
     # model: grads (V·H + N·H)·2 bytes + the default logits budget + small row buffers
     assert peak <= 1.5
+
+
+def test_second_target_shape_memory_at_default_budget():
+    # N=8192, H=2304, V=256000: 9 chunks of 960 rows; the target's peak extra is 1.6 GiB
+    n, h, v = 8192, 2304, 256000
+    x, w, t, _ = _inputs(n, h, v, torch.bfloat16, False, 0.1)
+    wr = w.clone().requires_grad_()
+    xr = x.clone().requires_grad_()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    flce_kernel()(xr, wr, t).backward()
+    torch.cuda.synchronize()
+    peak = (torch.cuda.max_memory_allocated() - before) / 2**30
+    print(f"peak extra {peak:.4f} GiB")
+    assert torch.isfinite(xr.grad).all() and torch.isfinite(wr.grad).all()
+    assert peak <= 1.6

@@ -226,6 +226,9 @@ def test_plan_rows():
     assert plan_rows(8192, 128256, 2, DEFAULT_MEMORY_BUDGET_BYTES) * 128256 * 2 <= (
         DEFAULT_MEMORY_BUDGET_BYTES
     )
+    # the two TARGETS shapes at the default budget: 5 chunks of 1792, 9 of 960 (64-aligned)
+    assert plan_rows(8192, 128256, 2, DEFAULT_MEMORY_BUDGET_BYTES) == 1792
+    assert plan_rows(8192, 256000, 2, DEFAULT_MEMORY_BUDGET_BYTES) == 960
     assert plan_rows(10, 100, 4, 10**9) == 10
     assert plan_rows(100, 10, 4, 40) == 1
     for n in (1, 7, 100, 1000):
