@@ -176,6 +176,18 @@ def _ref64_gw(x, w, t, chunk=1024):
     return gw
 
 
+def _fwd_bwd_peak(x, w, t):
+    """kassay forward + backward at the default budget: (x leaf, w leaf, peak extra GiB)."""
+    wr = w.clone().requires_grad_()
+    xr = x.clone().requires_grad_()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    flce_kernel()(xr, wr, t).backward()
+    torch.cuda.synchronize()
+    return xr, wr, (torch.cuda.max_memory_allocated() - before) / 2**30
+
+
 def test_large_drift_and_memory():
     n, h, v = 8192, 4096, 128256
     x, w, t, _ = _inputs(n, h, v, torch.bfloat16, False, 0.1)
@@ -185,14 +197,7 @@ def test_large_drift_and_memory():
     e_eager = rel_l2(we.grad, gw64)
     del we
     torch.cuda.empty_cache()
-    wr = w.clone().requires_grad_()
-    xr = x.clone().requires_grad_()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    flce_kernel()(xr, wr, t).backward()
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - before) / 2**30
+    _, wr, peak = _fwd_bwd_peak(x, w, t)
     e_k = rel_l2(wr.grad, gw64)
     print(f"grad_weight rel-L2 kassay {e_k:.3e} eager {e_eager:.3e}; peak extra {peak:.3f} GiB")
     assert e_k <= 1.25 * e_eager
@@ -204,14 +209,7 @@ def test_second_target_shape_memory_at_default_budget():
     # N=8192, H=2304, V=256000: 9 chunks of 960 rows; the target's peak extra is 1.6 GiB
     n, h, v = 8192, 2304, 256000
     x, w, t, _ = _inputs(n, h, v, torch.bfloat16, False, 0.1)
-    wr = w.clone().requires_grad_()
-    xr = x.clone().requires_grad_()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    flce_kernel()(xr, wr, t).backward()
-    torch.cuda.synchronize()
-    peak = (torch.cuda.max_memory_allocated() - before) / 2**30
+    xr, wr, peak = _fwd_bwd_peak(x, w, t)
     print(f"peak extra {peak:.4f} GiB")
     assert torch.isfinite(xr.grad).all() and torch.isfinite(wr.grad).all()
     assert peak <= 1.6
