@@ -177,9 +177,12 @@ def _ref64_gw(x, w, t, chunk=1024):
 
 
 def _fwd_bwd_peak(x, w, t):
-    """kassay forward + backward at the default budget: (x leaf, w leaf, peak extra GiB)."""
+    """kassay forward + backward at the default budget: (x leaf, w leaf, peak extra GiB).
+    One untimed call first, so that one-off allocations (cuBLAS workspace) are not counted."""
     wr = w.clone().requires_grad_()
     xr = x.clone().requires_grad_()
+    flce_kernel()(xr, wr, t).backward()
+    xr.grad = wr.grad = None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
