@@ -60,6 +60,17 @@ def _tile_rows(S, HH, BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_R: tl.
 
 
 @triton.jit
+def _element_mask(rmask, d, D, EVEN_D: tl.constexpr):
+    """[BLOCK_R, BLOCK_D] mask of a tile's elements. With D a power of two there is no column
+    mask: the mask stays constant along D, so loads stay 16 bytes wide."""
+    if EVEN_D:  # noqa: SIM108 (a constexpr branch; only the taken one is compiled)
+        full = rmask[:, None]
+    else:
+        full = rmask[:, None] & (d < D)[None, :]
+    return full
+
+
+@triton.jit
 def _lse_out_rows(b, s, h, S, HH, LSE_OUT_HT: tl.constexpr):
     """Offsets of rows (b, s, h) in a contiguous result LSE, [B, Hh, S] or [B, S, Hh]."""
     if LSE_OUT_HT:  # noqa: SIM108 (a constexpr branch)
@@ -99,11 +110,7 @@ def _merge_states_kernel(
 ):
     b, s, h, rmask = _tile_rows(S, HH, BLOCK_T, BLOCK_H, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
-    if EVEN_D:  # noqa: SIM108 (a constexpr branch; only the taken one is compiled)
-        # No column mask: keeps the mask constant along D so loads stay 16 bytes wide.
-        full = rmask[:, None]
-    else:
-        full = rmask[:, None] & (d < D)[None, :]
+    full = _element_mask(rmask, d, D, EVEN_D)
 
     lse_rows = lses_ptr + b * s_lb + s * s_ls + h * s_lh
     in_rows = outs_ptr + b * s_ib + s * s_is + h * s_ih
@@ -213,10 +220,7 @@ def _merge_pair_kernel(
     are in flight (bench/NOTES-lse_merge.md, v5)."""
     b, s, h, rmask = _tile_rows(S, HH, BLOCK_T, BLOCK_H, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
-    if EVEN_D:  # noqa: SIM108 (a constexpr branch; only the taken one is compiled)
-        full = rmask[:, None]
-    else:
-        full = rmask[:, None] & (d < D)[None, :]
+    full = _element_mask(rmask, d, D, EVEN_D)
     z_rows = _lse_out_rows(b, s, h, S, HH, LSE_OUT_HT)
     a_lse = lses_ptr + b * s_lb + s * s_ls + h * s_lh
     b_lse = lses_ptr + tl.cast(s_lk, tl.int64) + b * s_lb + s * s_ls + h * s_lh
@@ -268,10 +272,7 @@ def _merge_state_inplace_kernel(
     b, s, h, rmask = _tile_rows(S_STEP, HH, BLOCK_T, BLOCK_H, BLOCK_R)
     sa = s + S_OFF  # position in the accumulator
     d = tl.arange(0, BLOCK_D)
-    if EVEN_D:  # noqa: SIM108 (a constexpr branch; only the taken one is compiled)
-        full = rmask[:, None]
-    else:
-        full = rmask[:, None] & (d < D)[None, :]
+    full = _element_mask(rmask, d, D, EVEN_D)
     lse_ptrs = lse_ptr + b * s_lb + sa * s_ls + h * s_lh
     q_ptrs = step_lse_ptr + b * s_qb + s * s_qs + h * s_qh
     wa, wb, lse = _pair_weights(lse_ptrs, q_ptrs, rmask, POSINF_IS_EMPTY)
