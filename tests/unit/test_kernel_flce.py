@@ -200,6 +200,8 @@ def test_gemm_tma_persistent_kernel(accumulate, final):
         TensorDescriptor.from_tensor(bb, [bk, bn]),
         TensorDescriptor.from_tensor(c, [bm, bn // 2]),
         TensorDescriptor.from_tensor(out, [bm, bn // 2]),
+        c,
+        c.stride(0),
         torch.tensor([0.5]),
         torch.tensor([0.25]),
         mm,
@@ -213,6 +215,7 @@ def test_gemm_tma_persistent_kernel(accumulate, final):
         GROUP_M=2,
         EPI_SPLIT=2,
         NUM_SMS=3,
+        PREFETCH_C=0,
     )
     ref = 0.5 * a.double().t() @ bb.double() + (c0.double() if accumulate else 0.0)
     if final:

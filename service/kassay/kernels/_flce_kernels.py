@@ -3,7 +3,7 @@
 Launchers, input checks and the autograd Function live in `kassay.kernels.flce`.
 
 Kernels
-- `_ce_rows_kernel`: one program per logits row. Pass 1 streams the row once (online max /
+- `_ce_rows_kernel`: one logits row at a time per program (grid stride over the rows). Pass 1 streams the row once (online max /
   sum-exp in float32) and writes lse, the row's loss and z-loss; pass 2 (COMPUTE_GRAD) streams it
   again and overwrites the logits in place with dloss/dlogits, scaled per row.
 - `_gemm_tn_acc_kernel`: C[M, N] (+)= scale * A^T @ B with A [K, M], B [K, N] (the grad_weight
@@ -21,6 +21,9 @@ import triton.language as tl
 # ---- constexpr tuning -------------------------------------------------------------------------
 CE_BLOCK_V_GPU = 4096
 CE_NUM_WARPS_GPU = 16
+# Persistent CE grid: programs per SM, each looping over rows with a grid stride (0: one program
+# per row). Fewer rows in flight let a row's second pass find it in L2.
+CE_PROGRAMS_PER_SM_GPU = 0
 CE_BLOCK_V_INTERP = 64
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for the grad_weight GEMM on Hopper.
@@ -29,6 +32,9 @@ GEMM_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 # TMA/persistent variant (compute capability >= 9 and 16-byte aligned rows). CTAS_PER_SM > 1
 # launches that many persistent programs per SM, so one's epilogue can overlap another's MMAs.
 GEMM_TMA_CONFIG_GPU = (128, 256, 64, 8, 8, 3, 2, 1)
+# Its L2 prefetch of the accumulator tile at the start of each tile (0 off, 1 prefetch.global.L2,
+# 2 with the evict_last hint), so the read-modify-write epilogue reads L2 instead of HBM.
+GEMM_TMA_PREFETCH_C = 0
 GEMM_CONFIG_INTERP = (32, 32, 32, 4, 4, 1)
 
 FIN_BLOCK_GPU = 4096
@@ -63,71 +69,74 @@ def _ce_rows_kernel(
     label_smoothing,
     z_loss_scale,
     softcap,
+    n_rows,
+    row_step,  # grid stride over the rows: the grid size (one row per program if it is n_rows)
     HAS_SOFTCAP: tl.constexpr,
     COMPUTE_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    z_row = z_ptr + row * stride_z
-    tgt = tl.load(tgt_ptr + row)
-    valid = tgt != ignore_index
-    tgt_safe = tl.where(valid, tgt, 0)
+    for r in range(tl.program_id(0), n_rows, row_step):
+        row = tl.cast(r, tl.int64)
+        z_row = z_ptr + row * stride_z
+        tgt = tl.load(tgt_ptr + row)
+        valid = tgt != ignore_index
+        tgt_safe = tl.where(valid, tgt, 0)
 
-    cols = tl.arange(0, BLOCK_V).to(tl.int64)
-    # pass 1: online max / sum of exp / sum of logits, all float32
-    m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
-    s_vec = tl.zeros([BLOCK_V], tl.float32)
-    sum_z = tl.zeros([BLOCK_V], tl.float32)
-    for v0 in range(0, V, BLOCK_V):
-        offs = v0 + cols
-        mask = offs < V
-        z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
-        if HAS_SOFTCAP:
-            z = softcap * _tanh(z / softcap)
-        z = tl.where(mask, z, float("-inf"))
-        m_new = tl.maximum(m_vec, z)
-        # lanes still at -inf (never saw a valid column) keep s = 0 without NaN
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(z - m_safe)
-        m_vec = m_new
-        sum_z += tl.where(mask, z, 0.0)
-    m = tl.max(m_vec, axis=0)
-    s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
-    lse = m + tl.log(s)
-    zsum = tl.sum(sum_z, axis=0)
-
-    z_t = tl.load(z_row + tgt_safe).to(tl.float32)
-    if HAS_SOFTCAP:
-        z_t = softcap * _tanh(z_t / softcap)
-    eps_v = label_smoothing / V
-    loss = lse - (1.0 - label_smoothing) * z_t - eps_v * zsum
-    zl = z_loss_scale * lse * lse
-    loss = tl.where(valid, loss + zl, 0.0)
-    zl = tl.where(valid, zl, 0.0)
-    tl.store(loss_ptr + row, loss)
-    tl.store(zloss_ptr + row, zl)
-    tl.store(lse_ptr + row, lse)
-
-    if COMPUTE_GRAD:
-        g = tl.load(scale_ptr + row * stride_scale).to(tl.float32)
-        g = tl.where(valid, g, 0.0)
-        coef = 1.0 + 2.0 * z_loss_scale * lse  # d/dz [lse + zls*lse^2] = p * coef
+        cols = tl.arange(0, BLOCK_V).to(tl.int64)
+        # pass 1: online max / sum of exp / sum of logits, all float32
+        m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        s_vec = tl.zeros([BLOCK_V], tl.float32)
+        sum_z = tl.zeros([BLOCK_V], tl.float32)
         for v0 in range(0, V, BLOCK_V):
             offs = v0 + cols
             mask = offs < V
             z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:  # noqa: SIM108 (constexpr branch in Triton code)
-                zc = softcap * _tanh(z / softcap)
-            else:
-                zc = z
-            p = tl.exp(zc - lse)
-            d = p * coef - eps_v
-            d = tl.where(offs == tgt, d - (1.0 - label_smoothing), d)
             if HAS_SOFTCAP:
-                th = zc / softcap
-                d = d * (1.0 - th * th)
-            d = d * g
-            tl.store(z_row + offs, d.to(z_ptr.dtype.element_ty), mask=mask)
+                z = softcap * _tanh(z / softcap)
+            z = tl.where(mask, z, float("-inf"))
+            m_new = tl.maximum(m_vec, z)
+            # lanes still at -inf (never saw a valid column) keep s = 0 without NaN
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(z - m_safe)
+            m_vec = m_new
+            sum_z += tl.where(mask, z, 0.0)
+        m = tl.max(m_vec, axis=0)
+        s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
+        lse = m + tl.log(s)
+        zsum = tl.sum(sum_z, axis=0)
+
+        z_t = tl.load(z_row + tgt_safe).to(tl.float32)
+        if HAS_SOFTCAP:
+            z_t = softcap * _tanh(z_t / softcap)
+        eps_v = label_smoothing / V
+        loss = lse - (1.0 - label_smoothing) * z_t - eps_v * zsum
+        zl = z_loss_scale * lse * lse
+        loss = tl.where(valid, loss + zl, 0.0)
+        zl = tl.where(valid, zl, 0.0)
+        tl.store(loss_ptr + row, loss)
+        tl.store(zloss_ptr + row, zl)
+        tl.store(lse_ptr + row, lse)
+
+        if COMPUTE_GRAD:
+            g = tl.load(scale_ptr + row * stride_scale).to(tl.float32)
+            g = tl.where(valid, g, 0.0)
+            coef = 1.0 + 2.0 * z_loss_scale * lse  # d/dz [lse + zls*lse^2] = p * coef
+            for v0 in range(0, V, BLOCK_V):
+                offs = v0 + cols
+                mask = offs < V
+                z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
+                if HAS_SOFTCAP:  # noqa: SIM108 (constexpr branch in Triton code)
+                    zc = softcap * _tanh(z / softcap)
+                else:
+                    zc = z
+                p = tl.exp(zc - lse)
+                d = p * coef - eps_v
+                d = tl.where(offs == tgt, d - (1.0 - label_smoothing), d)
+                if HAS_SOFTCAP:
+                    th = zc / softcap
+                    d = d * (1.0 - th * th)
+                d = d * g
+                tl.store(z_row + offs, d.to(z_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -205,6 +214,8 @@ def _gemm_tn_acc_tma_kernel(
     b_desc,  # TensorDescriptor over B [K, N] (x chunk), block [BLOCK_K, BLOCK_N]
     c_desc,  # TensorDescriptor over C [M, N] accumulator, block [BLOCK_M, BLOCK_N // EPI_SPLIT]
     o_desc,  # TensorDescriptor over OUT [M, N] (FINAL only; may alias C), same block
+    c_ptr,  # C's storage (PREFETCH_C: addresses of the L2 prefetch)
+    stride_cm,  # C's row stride, in elements
     scale_ptr,  # float32 scalar: C += scale * A^T B
     fin_ptr,  # float32 scalar (FINAL): OUT = (C + scale * A^T B) * fin
     M,
@@ -218,6 +229,7 @@ def _gemm_tn_acc_tma_kernel(
     GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr,
+    PREFETCH_C: tl.constexpr,
 ):
     """Hopper variant of `_gemm_tn_acc_kernel`: persistent grid (one program per SM), TMA loads,
     the tile loop flattened into the K loop so the next tile's loads are in flight during this
@@ -241,6 +253,8 @@ def _gemm_tn_acc_tma_kernel(
         pid_n = (tile_id % num_in_group) // group_size
         om = pid_m * BLOCK_M
         on = pid_n * BLOCK_N
+        if ACCUMULATE and PREFETCH_C != 0:
+            _prefetch_tile_l2(c_ptr, om, on, M, N, stride_cm, BLOCK_M, BLOCK_N, PREFETCH_C)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for ki in range(k_tiles):
             ok = ki * BLOCK_K
@@ -262,6 +276,37 @@ def _gemm_tn_acc_tma_kernel(
             _tma_epilogue(c_desc, o_desc, o1, om_c, on_c + BLOCK_N // 2, fin, ACCUMULATE, FINAL)
         else:
             _tma_epilogue(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL)
+
+
+@triton.jit
+def _prefetch_tile_l2(
+    ptr, om, on, M, N, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr
+):
+    """Ask L2 for the 16-bit C tile [om:om+BLOCK_M, on:on+BLOCK_N], one request per 128-byte
+    line, so the read-modify-write epilogue a K loop later reads L2 rather than HBM while the
+    tensor cores wait. A hint: rows/columns past the edge are clamped to valid addresses."""
+    LINE: tl.constexpr = 64  # 16-bit elements per 128-byte line
+    rows = tl.minimum(om + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
+    cols = tl.minimum(on + tl.arange(0, BLOCK_N // LINE) * LINE, N - 1).to(tl.int64)
+    addr = (ptr + rows[:, None] * stride + cols[None, :]).to(tl.int64)
+    if MODE == 2:
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
+            "=r,l",
+            [addr],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        tl.inline_asm_elementwise(
+            "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
+            "=r,l",
+            [addr],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit

@@ -136,7 +136,10 @@ def _launch_ce(
     block_v = K.CE_BLOCK_V_INTERP if interp else K.CE_BLOCK_V_GPU
     block_v = min(block_v, triton.next_power_of_2(V))
     num_warps = 4 if interp else (K.CE_NUM_WARPS_GPU if block_v >= 2048 else 4)
-    K._ce_rows_kernel[(n,)](
+    grid = n
+    if not interp and K.CE_PROGRAMS_PER_SM_GPU > 0:
+        grid = min(n, K.CE_PROGRAMS_PER_SM_GPU * _num_sms(z.device.index or 0))
+    K._ce_rows_kernel[(grid,)](
         z,
         z.stride(0),
         tgt,
@@ -150,6 +153,8 @@ def _launch_ce(
         float(label_smoothing),
         float(z_loss_scale),
         float(softcap) if softcap is not None else 1.0,
+        n,
+        grid,
         HAS_SOFTCAP=softcap is not None,
         COMPUTE_GRAD=compute_grad,
         BLOCK_V=block_v,
@@ -201,6 +206,8 @@ def _launch_gemm_tn(a, b, c, scale, accumulate, out=None, fin=None):
             TensorDescriptor.from_tensor(b, [bk, bn]),
             TensorDescriptor.from_tensor(c, eb),
             TensorDescriptor.from_tensor(out, eb),
+            c,
+            c.stride(0),
             scale,
             fin,
             m,
@@ -214,6 +221,7 @@ def _launch_gemm_tn(a, b, c, scale, accumulate, out=None, fin=None):
             GROUP_M=gm,
             EPI_SPLIT=split,
             NUM_SMS=sms,
+            PREFETCH_C=K.GEMM_TMA_PREFETCH_C,
             num_warps=warps,
             num_stages=stages,
         )
