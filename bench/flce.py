@@ -261,39 +261,6 @@ def breakdown(n=8192, h=4096, v=128256):
     return res
 
 
-def ce_probe(rows=1792, v=128256):
-    """The CE kernel (both passes, dlogits in place) on one chunk under (BLOCK_V, warps) configs:
-    one program per row, so the configs set how many rows are in flight per SM."""
-    from kassay.kernels import _flce_kernels as K
-
-    g = torch.Generator(device="cuda").manual_seed(5)
-    z = torch.randn(rows, v, device="cuda", generator=g).to(torch.bfloat16)
-    tc = torch.randint(0, v, (rows,), device="cuda", generator=g)
-    f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
-    one = torch.ones(1, device="cuda")
-    d0 = (K.CE_BLOCK_V_GPU, K.CE_NUM_WARPS_GPU)
-    res = {}
-    for bv, nw in [(4096, 16), (8192, 16), (2048, 8), (4096, 8), (8192, 32), (2048, 16), (1024, 4)]:
-        K.CE_BLOCK_V_GPU, K.CE_NUM_WARPS_GPU = bv, nw
-        ms = do_bench(
-            lambda: kflce._launch_ce(
-                z, tc, *f32, one, False, V=v, ignore_index=-100, label_smoothing=0.0,
-                z_loss_scale=0.0, softcap=None, compute_grad=True,
-            ),
-            rep=200,
-        )  # fmt: skip
-        res[f"ce {rows}x{v} BLOCK_V={bv} warps={nw}"] = (
-            round(ms, 4),
-            round(3 * z.numel() * 2 / ms / 1e9, 2),
-        )
-        print(
-            f"ce BLOCK_V={bv} warps={nw}: {ms:.4f} ms, {3 * z.numel() * 2 / ms / 1e9:.2f} TB/s",
-            flush=True,
-        )
-    K.CE_BLOCK_V_GPU, K.CE_NUM_WARPS_GPU = d0
-    return res
-
-
 def speed_probe(gemm_only=False):
     """Speed-pass probe: grad_W GEMM kernels/configs on one chunk (checked against each other),
     fwd+bwd with the TMA kernel and the deferred (fused-finalize) last chunk on/off, a two-stream
@@ -363,7 +330,6 @@ def speed_probe(gemm_only=False):
         )
         torch.cuda.empty_cache()
     if gemm_only:
-        out.update(ce_probe())
         return out
 
     # cuBLAS logits / grad_x at several row counts (ms per 1000 rows), H=4096, V=128256

@@ -160,6 +160,26 @@ def test_all_ignored_no_nan():
         assert torch.isfinite(g).all() and float(g.abs().max()) == 0.0
 
 
+def test_out_of_range_targets_raise_and_change_nothing():
+    # the target check no longer syncs up front: kernels run first (clamped in bounds), the
+    # error comes once they are queued; the caller's tensors and the device must be unharmed
+    x, w, t, b = _inputs(300, 64, 1000, torch.bfloat16, True, 0.2, seed=4)
+    xr, wr, br = (a.clone().requires_grad_() for a in (x, w, b))
+    for bad in (1000, 1 << 40, -3):
+        tb = t.clone()
+        tb[257] = bad
+        for red in ("mean", "none"):
+            with pytest.raises(ValueError, match="outside"):
+                flce_kernel()(xr, wr, tb, br, reduction=red, memory_budget_bytes=100 * 1000 * 2)
+    torch.cuda.synchronize()  # no illegal access was queued
+    assert xr.grad is None and wr.grad is None and br.grad is None
+    assert (
+        torch.equal(xr.detach(), x) and torch.equal(wr.detach(), w) and torch.equal(br.detach(), b)
+    )
+    go = torch.tensor(1.0, device="cuda")
+    check_against_reference(x, w, t, b, go, ls=0.0, red="mean", cap=None, zls=0.0, floor=1e-4)
+
+
 def _ref64_gw(x, w, t, chunk=1024):
     xd, wd = x.double(), w.double()
     valid = t != II

@@ -19,11 +19,14 @@ import triton
 import triton.language as tl
 
 # ---- constexpr tuning -------------------------------------------------------------------------
-CE_BLOCK_V_GPU = 4096
-CE_NUM_WARPS_GPU = 16
-# Persistent CE grid: programs per SM, each looping over rows with a grid stride (0: one program
-# per row). Fewer rows in flight let a row's second pass find it in L2.
-CE_PROGRAMS_PER_SM_GPU = 0
+# CE kernel launch on the GPU, (BLOCK_V, num_warps, programs per SM; 0 = one program per row).
+# Rows of at least CE_LONG_ROW_V columns: one 32-warp program per SM, looping over rows, so only
+# ~132 rows are in flight and at V = 128256 (256 KB rows, 33 MB in all) a row's second pass
+# finds it in L2: 0.436 ms per 1792-row chunk against 0.515 one program per row (H200,
+# results/flce-pipeline-probe-h200-2026-12-02.json). Shorter rows: one program per row.
+CE_LONG_ROW_V = 8192
+CE_CONFIG_LONG_GPU = (8192, 32, 1)
+CE_CONFIG_GPU = (4096, 16, 0)
 CE_BLOCK_V_INTERP = 64
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for the grad_weight GEMM on Hopper.
@@ -32,9 +35,6 @@ GEMM_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 # TMA/persistent variant (compute capability >= 9 and 16-byte aligned rows). CTAS_PER_SM > 1
 # launches that many persistent programs per SM, so one's epilogue can overlap another's MMAs.
 GEMM_TMA_CONFIG_GPU = (128, 256, 64, 8, 8, 3, 2, 1)
-# Its L2 prefetch of the accumulator tile at the start of each tile (0 off, 1 prefetch.global.L2,
-# 2 with the evict_last hint), so the read-modify-write epilogue reads L2 instead of HBM.
-GEMM_TMA_PREFETCH_C = 0
 GEMM_CONFIG_INTERP = (32, 32, 32, 4, 4, 1)
 
 FIN_BLOCK_GPU = 4096
@@ -80,7 +80,8 @@ def _ce_rows_kernel(
         z_row = z_ptr + row * stride_z
         tgt = tl.load(tgt_ptr + row)
         valid = tgt != ignore_index
-        tgt_safe = tl.where(valid, tgt, 0)
+        # in bounds whatever the target: out-of-range ones are reported by the launcher
+        tgt_safe = tl.where(valid & (tgt >= 0) & (tgt < V), tgt, 0)
 
         cols = tl.arange(0, BLOCK_V).to(tl.int64)
         # pass 1: online max / sum of exp / sum of logits, all float32
@@ -214,8 +215,6 @@ def _gemm_tn_acc_tma_kernel(
     b_desc,  # TensorDescriptor over B [K, N] (x chunk), block [BLOCK_K, BLOCK_N]
     c_desc,  # TensorDescriptor over C [M, N] accumulator, block [BLOCK_M, BLOCK_N // EPI_SPLIT]
     o_desc,  # TensorDescriptor over OUT [M, N] (FINAL only; may alias C), same block
-    c_ptr,  # C's storage (PREFETCH_C: addresses of the L2 prefetch)
-    stride_cm,  # C's row stride, in elements
     scale_ptr,  # float32 scalar: C += scale * A^T B
     fin_ptr,  # float32 scalar (FINAL): OUT = (C + scale * A^T B) * fin
     M,
@@ -229,7 +228,6 @@ def _gemm_tn_acc_tma_kernel(
     GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr,
-    PREFETCH_C: tl.constexpr,
 ):
     """Hopper variant of `_gemm_tn_acc_kernel`: persistent grid (one program per SM), TMA loads,
     the tile loop flattened into the K loop so the next tile's loads are in flight during this
@@ -253,8 +251,6 @@ def _gemm_tn_acc_tma_kernel(
         pid_n = (tile_id % num_in_group) // group_size
         om = pid_m * BLOCK_M
         on = pid_n * BLOCK_N
-        if ACCUMULATE and PREFETCH_C != 0:
-            _prefetch_tile_l2(c_ptr, om, on, M, N, stride_cm, BLOCK_M, BLOCK_N, PREFETCH_C)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for ki in range(k_tiles):
             ok = ki * BLOCK_K
@@ -276,37 +272,6 @@ def _gemm_tn_acc_tma_kernel(
             _tma_epilogue(c_desc, o_desc, o1, om_c, on_c + BLOCK_N // 2, fin, ACCUMULATE, FINAL)
         else:
             _tma_epilogue(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL)
-
-
-@triton.jit
-def _prefetch_tile_l2(
-    ptr, om, on, M, N, stride, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MODE: tl.constexpr
-):
-    """Ask L2 for the 16-bit C tile [om:om+BLOCK_M, on:on+BLOCK_N], one request per 128-byte
-    line, so the read-modify-write epilogue a K loop later reads L2 rather than HBM while the
-    tensor cores wait. A hint: rows/columns past the edge are clamped to valid addresses."""
-    LINE: tl.constexpr = 64  # 16-bit elements per 128-byte line
-    rows = tl.minimum(om + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
-    cols = tl.minimum(on + tl.arange(0, BLOCK_N // LINE) * LINE, N - 1).to(tl.int64)
-    addr = (ptr + rows[:, None] * stride + cols[None, :]).to(tl.int64)
-    if MODE == 2:
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
-            "=r,l",
-            [addr],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2 [$1]; mov.u32 $0, 0;",
-            "=r,l",
-            [addr],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
 
 
 @triton.jit

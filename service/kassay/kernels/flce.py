@@ -128,17 +128,30 @@ def _launch_ce(
     z_loss_scale,
     softcap,
     compute_grad,
+    programs: int | None = None,
 ):
+    """Cross-entropy of a logits chunk z [n, V] (16-bit or float32), dlogits written over it.
+
+    programs: grid size (rows are taken with a grid stride); default from the GPU launch
+    configs in `_flce_kernels` (one program per row under the interpreter)."""
     n = z.shape[0]
     if n == 0:
         return
     interp = _INTERPRET or _on_cpu_backend(z)
-    block_v = K.CE_BLOCK_V_INTERP if interp else K.CE_BLOCK_V_GPU
+    if interp:
+        block_v, num_warps, per_sm = K.CE_BLOCK_V_INTERP, 4, 0
+    elif V >= K.CE_LONG_ROW_V:
+        block_v, num_warps, per_sm = K.CE_CONFIG_LONG_GPU
+    else:
+        block_v, num_warps, per_sm = K.CE_CONFIG_GPU
     block_v = min(block_v, triton.next_power_of_2(V))
-    num_warps = 4 if interp else (K.CE_NUM_WARPS_GPU if block_v >= 2048 else 4)
+    if block_v < 2048:  # short rows: a few warps cover the block
+        num_warps = min(num_warps, 4)
     grid = n
-    if not interp and K.CE_PROGRAMS_PER_SM_GPU > 0:
-        grid = min(n, K.CE_PROGRAMS_PER_SM_GPU * _num_sms(z.device.index or 0))
+    if programs is not None:
+        grid = min(n, programs)
+    elif per_sm > 0:
+        grid = min(n, per_sm * _num_sms(z.device.index or 0))
     K._ce_rows_kernel[(grid,)](
         z,
         z.stride(0),
@@ -206,8 +219,6 @@ def _launch_gemm_tn(a, b, c, scale, accumulate, out=None, fin=None):
             TensorDescriptor.from_tensor(b, [bk, bn]),
             TensorDescriptor.from_tensor(c, eb),
             TensorDescriptor.from_tensor(out, eb),
-            c,
-            c.stride(0),
             scale,
             fin,
             m,
@@ -221,7 +232,6 @@ def _launch_gemm_tn(a, b, c, scale, accumulate, out=None, fin=None):
             GROUP_M=gm,
             EPI_SPLIT=split,
             NUM_SMS=sms,
-            PREFETCH_C=K.GEMM_TMA_PREFETCH_C,
             num_warps=warps,
             num_stages=stages,
         )
@@ -575,7 +585,7 @@ def _check_inputs(
     softcap,
     z_loss_scale,
     memory_budget_bytes,
-):
+) -> _TargetCheck:
     if not isinstance(x, torch.Tensor) or not isinstance(weight, torch.Tensor):
         raise ValueError("x and weight must be torch.Tensor")
     if x.dim() != 2:
@@ -613,12 +623,40 @@ def _check_inputs(
         raise ValueError(f"memory_budget_bytes must be positive, got {memory_budget_bytes}")
     if x.device.type != "cuda" and not _INTERPRET:
         raise ValueError("kassay flce needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
-    v = weight.shape[0]
-    bad = ((target < 0) & (target != ignore_index)) | (target >= v)
-    if bool(bad.any()):
-        raise ValueError(
+    return _TargetCheck(target, weight.shape[0], ignore_index)
+
+
+class _TargetCheck:
+    """Checks that every target is in [0, V) or ignore_index, without draining the GPU.
+
+    `bool(bad.any())` at the start of a call would wait for all work queued on the stream (a
+    training step's previous backward included) and then leave the GPU idle while this call
+    enqueues its first kernels. On CUDA the flag is instead copied to pinned host memory behind
+    an event, and `raise_if_bad()` is called once the forward's kernels are queued: it waits only
+    for that event. Those kernels clamp out-of-range targets to stay in bounds, and their results
+    are dropped when it raises; the caller's tensors are never written.
+    """
+
+    def __init__(self, target: torch.Tensor, v: int, ignore_index: int):
+        self.message = (
             f"target holds class indices outside [0, V={v}) other than ignore_index={ignore_index}"
         )
+        bad = (((target < 0) & (target != ignore_index)) | (target >= v)).any()
+        self.event: torch.cuda.Event | None = None
+        if target.device.type == "cuda":
+            self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self.flag.copy_(bad, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.flag = bad
+            self.raise_if_bad()  # host tensors: no queue to keep busy, fail before any work
+
+    def raise_if_bad(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+        if bool(self.flag):
+            raise ValueError(self.message)
 
 
 def fused_linear_cross_entropy(
@@ -675,7 +713,7 @@ def fused_linear_cross_entropy(
     chunk stays 16-bit, and gradients come back in the parameters' dtypes (grad_weight is then
     accumulated in float32 directly).
     """
-    _check_inputs(
+    target_check = _check_inputs(
         x,
         weight,
         target,
@@ -720,6 +758,7 @@ def fused_linear_cross_entropy(
         budget,
         torch.is_grad_enabled(),
     )
+    target_check.raise_if_bad()
     return (loss, zl) if return_z_loss else loss
 
 

@@ -1,0 +1,234 @@
+"""Probe: the non-GEMM parts of one flce fwd+bwd (CE kernel grid, the target check's sync, idle
+gaps between kernels) on the H200.
+
+  ce       the CE kernel alone (pass 1 + in-place dlogits) on one chunk of each target shape
+           (1792 x 128256 and 960 x 256000, bf16) for grid configurations (programs per SM,
+           0 = one program per row; BLOCK_V; warps), interleaved over rounds; checks every
+           configuration's results against the shipped one's (max abs difference)
+  fwdbwd   kassay fwd+bwd at both target shapes: "sync" (the target check as it was, a
+           `bool(bad.any())` before the call), "deferred" (as shipped, with the CE kernel as it was:
+           one program per row), and "deferred + CE best" (the fastest CE configuration of the
+           first part for that shape)
+  profile  the kernels of one fwd+bwd (torch.profiler, summed by name), their sum against the
+           wall time, and the largest idle gaps between consecutive kernels
+
+    PYTHONPATH=service python3 bench/flce_pipeline_probe.py --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flce import make_inputs, measure
+
+from kassay.kernels import _flce_kernels as K
+from kassay.kernels import flce as kflce
+
+SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000)]
+CE_CHUNKS = {(8192, 4096, 128256): 1792, (8192, 2304, 256000): 960}
+CE_CONFIGS = [  # (programs per SM, BLOCK_V, num_warps) for rows of >= CE_LONG_ROW_V columns
+    (K.CE_CONFIG_LONG_GPU[2], K.CE_CONFIG_LONG_GPU[0], K.CE_CONFIG_LONG_GPU[1]),  # shipped
+    (0, 4096, 16),  # one program per row: the default until 2026-12-02
+    (1, 4096, 16),
+    (1, 8192, 16),
+    (1, 8192, 32),
+    (1, 4096, 32),
+    (2, 4096, 16),
+    (2, 8192, 16),
+    (4, 4096, 8),
+    (1, 16384, 32),
+    (1, 16384, 16),
+]
+CE_CONFIGS = list(dict.fromkeys(CE_CONFIGS))  # the shipped one is also in the list
+BY_NAME = {str(c): c for c in CE_CONFIGS}
+
+
+def _set_ce(cfg):
+    per_sm, block_v, warps = cfg
+    K.CE_CONFIG_LONG_GPU = (block_v, warps, per_sm)
+
+
+def ce(rounds: int) -> dict:
+    res: dict = {}
+    default = CE_CONFIGS[0]
+    for (n, _h, v), rows in CE_CHUNKS.items():
+        g = torch.Generator(device="cuda").manual_seed(5)
+        z0 = (torch.randn(rows, v, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        t = torch.randint(0, v, (rows,), device="cuda", generator=g)
+        t[::10] = -100
+        scale = torch.full((1,), 1.0 / n, device="cuda")
+        f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
+        z = torch.empty_like(z0)
+
+        def run(z=z, t=t, scale=scale, f32=f32, v=v):
+            kflce._launch_ce(
+                z, t, *f32, scale, False, V=v, ignore_index=-100, label_smoothing=0.0,
+                z_loss_scale=0.0, softcap=None, compute_grad=True,
+            )  # fmt: skip
+
+        key = f"{rows}x{v}"
+        res[key] = {"ms": {}, "max_abs_diff_to_default": {}}
+        ref = None
+        for cfg in CE_CONFIGS:
+            _set_ce(cfg)
+            z.copy_(z0)
+            run()
+            if ref is None:
+                ref = (z.clone(), [a.clone() for a in f32])
+            # same bits only where BLOCK_V and warps match (they set the reduction order)
+            res[key]["max_abs_diff_to_default"][str(cfg)] = {
+                "dlogits": float((z.float() - ref[0].float()).abs().max()),
+                "lse": float((f32[2] - ref[1][2]).abs().max()),
+                "loss": float((f32[0] - ref[1][0]).abs().max()),
+            }
+        for r in range(rounds):
+            for cfg in CE_CONFIGS:
+                _set_ce(cfg)
+                res[key]["ms"].setdefault(str(cfg), []).append(round(do_bench(run, rep=100), 4))
+            print(key, "round", r, {c: m[-1] for c, m in res[key]["ms"].items()}, flush=True)
+        gb = 3 * rows * v * 2 / 1e9
+        med = {c: sorted(m)[len(m) // 2] for c, m in res[key]["ms"].items()}
+        res[key]["tb_per_s_of_median_3_passes"] = {c: round(gb / m, 2) for c, m in med.items()}
+        res[key]["best"] = min(med, key=med.__getitem__)
+        print(key, "best", res[key]["best"], res[key]["max_abs_diff_to_default"], flush=True)
+        del z0, z, ref
+        torch.cuda.empty_cache()
+    _set_ce(default)
+    return res
+
+
+def _sync_check_first(x, w, t):
+    # the target check as it was before: a host sync on the flag before any kernel is queued
+    bool((((t < 0) & (t != -100)) | (t >= w.shape[0])).any())
+    return kflce.fused_linear_cross_entropy(x, w, t)
+
+
+def fwdbwd(rounds: int, ce_best: dict) -> dict:
+    res: dict = {}
+    for n, h, v in SHAPES:
+        x, w, t = make_inputs(n, h, v)
+        flop = 6 * n * h * v
+        key = f"{n},{h},{v}"
+        best = ce_best.get(f"{CE_CHUNKS[(n, h, v)]}x{v}")
+        old_ce = str((0, 4096, 16))
+        variants = [("sync", _sync_check_first, old_ce), ("deferred", None, old_ce)]
+        if best and best != old_ce:
+            variants.append((f"deferred + CE {best}", None, best))
+        res[key] = {}
+        for r in range(rounds):
+            for name, fn, cfg in variants:
+                _set_ce(BY_NAME[cfg] if cfg else CE_CONFIGS[0])
+                ms, peak, _ = measure(fn or kflce.fused_linear_cross_entropy, x, w, t)
+                res[key].setdefault(name, []).append(
+                    [round(ms, 3), round(flop / ms / 1e9, 1), round(peak, 4)]
+                )
+                print(key, "round", r, name, f"{ms:.3f} ms {peak:.4f} GiB", flush=True)
+        _set_ce(CE_CONFIGS[0])
+    return res
+
+
+def profile(iters: int = 3) -> dict:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    res: dict = {}
+    for n, h, v in SHAPES:
+        x, w, t = make_inputs(n, h, v)
+        xr = x.detach().clone().requires_grad_()
+        wr = w.detach().clone().requires_grad_()
+
+        def step(xr=xr, wr=wr, t=t):
+            kflce.fused_linear_cross_entropy(xr, wr, t).backward()
+            xr.grad = wr.grad = None
+
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+            e0.record()
+            for _ in range(iters):
+                step()
+            e1.record()
+            torch.cuda.synchronize()
+        wall = e0.elapsed_time(e1) / iters
+        evs = sorted(
+            (e for e in prof.events() if e.device_type.name == "CUDA"),
+            key=lambda e: e.time_range.start,
+        )
+        kern: dict = {}
+        for ev in evs:
+            k = kern.setdefault(ev.name[:90], [0, 0.0])
+            k[0] += 1
+            k[1] += ev.device_time_total / 1000.0
+        gaps = []
+        for a, b in itertools.pairwise(evs):
+            gaps.append(
+                [
+                    round((b.time_range.start - a.time_range.end) / 1000.0, 4),
+                    a.name[:50],
+                    b.name[:50],
+                ]
+            )
+        gaps.sort(key=lambda g: -g[0])
+        rows = sorted(
+            ([nm, c / iters, round(ms / iters, 3)] for nm, (c, ms) in kern.items()),
+            key=lambda r: -r[2],
+        )
+        busy = sum(r[2] for r in rows)
+        key = f"{n},{h},{v}"
+        res[key] = {
+            "wall_ms_per_iter": round(wall, 3),
+            "kernel_ms_per_iter": round(busy, 3),
+            "gap_ms_per_iter": round(sum(max(g[0], 0.0) for g in gaps) / iters, 3),
+            "largest_gaps_ms": gaps[:12],
+            "kernels": rows,
+        }
+        print(key, f"wall {wall:.3f} ms, kernels {busy:.3f} ms", flush=True)
+        for g in gaps[:8]:
+            print(f"   gap {g[0]:.3f} ms  {g[1]} -> {g[2]}", flush=True)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parts", default="ce,fwdbwd,profile")
+    args = ap.parse_args()
+    parts = args.parts.split(",")
+    out: dict = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+    }
+    ce_best: dict = {}
+    if "ce" in parts:
+        out["ce"] = ce(args.rounds)
+        ce_best = {k: r["best"] for k, r in out["ce"].items()}
+    if "fwdbwd" in parts:
+        out["fwdbwd_ms_tflops_gib"] = fwdbwd(max(1, args.rounds - 1), ce_best)
+    if "profile" in parts:
+        out["profile"] = profile()
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
