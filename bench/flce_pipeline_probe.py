@@ -5,10 +5,10 @@ gaps between kernels) on the H200.
            (1792 x 128256 and 960 x 256000, bf16) for grid configurations (programs per SM,
            0 = one program per row; BLOCK_V; warps), interleaved over rounds; checks every
            configuration's results against the shipped one's (max abs difference)
-  fwdbwd   kassay fwd+bwd at both target shapes: "sync" (the target check as it was, a
-           `bool(bad.any())` before the call), "deferred" (as shipped, with the CE kernel as it was:
-           one program per row), and "deferred + CE best" (the fastest CE configuration of the
-           first part for that shape)
+  fwdbwd   kassay fwd+bwd at both target shapes, as shipped and with the fastest CE
+           configuration of the first part for that shape; with --sync instead: "sync" (the target
+           check as it was, a `bool(bad.any())` before the call), "deferred" (as shipped, CE
+           kernel as it was: one program per row) and "deferred + CE best"
   profile  the kernels of one fwd+bwd (torch.profiler, summed by name), their sum against the
            wall time, and the largest idle gaps between consecutive kernels
 
@@ -38,26 +38,27 @@ from kassay.kernels import flce as kflce
 
 SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000)]
 CE_CHUNKS = {(8192, 4096, 128256): 1792, (8192, 2304, 256000): 960}
-CE_CONFIGS = [  # (programs per SM, BLOCK_V, num_warps) for rows of >= CE_LONG_ROW_V columns
-    (K.CE_CONFIG_LONG_GPU[2], K.CE_CONFIG_LONG_GPU[0], K.CE_CONFIG_LONG_GPU[1]),  # shipped
-    (0, 4096, 16),  # one program per row: the default until 2026-12-02
-    (1, 4096, 16),
-    (1, 8192, 16),
-    (1, 8192, 32),
-    (1, 4096, 32),
-    (2, 4096, 16),
-    (2, 8192, 16),
-    (4, 4096, 8),
-    (1, 16384, 32),
-    (1, 16384, 16),
+
+SHIPPED = (K.CE_CONFIG_LONG_GPU[2], K.CE_CONFIG_LONG_GPU[0], K.CE_CONFIG_LONG_GPU[1], K.CE_PAIR)
+CE_CONFIGS = [  # (programs per SM, BLOCK_V, num_warps, pair) for rows of >= CE_LONG_ROW_V columns
+    SHIPPED,
+    (1, 8192, 32, False),  # shipped 2026-12-02 (second device call)
+    (0, 4096, 16, False),  # one program per row: the default until then
+    (1, 8192, 32, True),
+    (1, 4096, 32, True),
+    (1, 8192, 16, True),
+    (0, 4096, 16, True),
+    (2, 4096, 16, True),
+    (1, 16384, 32, False),
 ]
-CE_CONFIGS = list(dict.fromkeys(CE_CONFIGS))  # the shipped one is also in the list
+CE_CONFIGS = list(dict.fromkeys(CE_CONFIGS))  # the shipped one may also be listed
 BY_NAME = {str(c): c for c in CE_CONFIGS}
 
 
 def _set_ce(cfg):
-    per_sm, block_v, warps = cfg
+    per_sm, block_v, warps, pair = cfg
     K.CE_CONFIG_LONG_GPU = (block_v, warps, per_sm)
+    K.CE_PAIR = pair
 
 
 def ce(rounds: int) -> dict:
@@ -115,27 +116,30 @@ def _sync_check_first(x, w, t):
     return kflce.fused_linear_cross_entropy(x, w, t)
 
 
-def fwdbwd(rounds: int, ce_best: dict) -> dict:
+def fwdbwd(rounds: int, ce_best: dict, sync: bool) -> dict:
     res: dict = {}
     for n, h, v in SHAPES:
         x, w, t = make_inputs(n, h, v)
         flop = 6 * n * h * v
         key = f"{n},{h},{v}"
         best = ce_best.get(f"{CE_CHUNKS[(n, h, v)]}x{v}")
-        old_ce = str((0, 4096, 16))
-        variants = [("sync", _sync_check_first, old_ce), ("deferred", None, old_ce)]
-        if best and best != old_ce:
-            variants.append((f"deferred + CE {best}", None, best))
+        variants = [("shipped", None, str(SHIPPED))]
+        if best and best != str(SHIPPED):
+            variants.append((f"CE {best}", None, best))
+        if sync:
+            old_ce = str((0, 4096, 16, False))
+            variants = [("sync", _sync_check_first, old_ce), ("deferred", None, old_ce)]
+            variants += [(f"deferred + CE {best}", None, best)] if best else []
         res[key] = {}
         for r in range(rounds):
             for name, fn, cfg in variants:
-                _set_ce(BY_NAME[cfg] if cfg else CE_CONFIGS[0])
+                _set_ce(BY_NAME[cfg])
                 ms, peak, _ = measure(fn or kflce.fused_linear_cross_entropy, x, w, t)
                 res[key].setdefault(name, []).append(
                     [round(ms, 3), round(flop / ms / 1e9, 1), round(peak, 4)]
                 )
                 print(key, "round", r, name, f"{ms:.3f} ms {peak:.4f} GiB", flush=True)
-        _set_ce(CE_CONFIGS[0])
+        _set_ce(SHIPPED)
     return res
 
 
@@ -207,6 +211,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--parts", default="ce,fwdbwd,profile")
+    ap.add_argument(
+        "--sync", action="store_true", help="fwdbwd: the host-synced target check vs deferred"
+    )
     args = ap.parse_args()
     parts = args.parts.split(",")
     out: dict = {
@@ -222,7 +229,7 @@ def main() -> int:
         out["ce"] = ce(args.rounds)
         ce_best = {k: r["best"] for k, r in out["ce"].items()}
     if "fwdbwd" in parts:
-        out["fwdbwd_ms_tflops_gib"] = fwdbwd(max(1, args.rounds - 1), ce_best)
+        out["fwdbwd_ms_tflops_gib"] = fwdbwd(max(1, args.rounds - 1), ce_best, args.sync)
     if "profile" in parts:
         out["profile"] = profile()
     if args.out:

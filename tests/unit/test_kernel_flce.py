@@ -290,3 +290,31 @@ def test_ce_kernel_grid_stride_matches_one_program_per_row():
     for a, b in zip(*outs, strict=True):
         assert torch.equal(a, b)
     assert torch.isfinite(outs[0][0]).all() and torch.isfinite(outs[0][1]).all()
+
+
+@pytest.mark.parametrize("v", [40, 64, 100, 128, 300])  # interpreter BLOCK_V is 64
+@pytest.mark.parametrize("ls,cap", [(0.0, None), (0.1, None), (0.1, 3.0)])
+def test_ce_kernel_paired_blocks_match_single(v, ls, cap):
+    # two blocks per loop step (one rescale per pair) against one: same values up to float32
+    # rounding, for rows shorter than one block, exactly one, one and a half, several
+    from kassay.kernels import flce as kflce
+
+    g = torch.Generator().manual_seed(v)
+    n = 5
+    z0 = (torch.randn(n, v, generator=g) * 4).to(DEV)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[1] = II
+    t = t.to(DEV)
+    scale = torch.rand(n, generator=g).to(DEV)
+    outs = []
+    for pair in (False, True):
+        z = z0.clone()
+        loss, zl, lse = (torch.empty(n, device=DEV) for _ in range(3))
+        kflce._launch_ce(
+            z, t, loss, zl, lse, scale, True, V=v, ignore_index=II, label_smoothing=ls,
+            z_loss_scale=1e-3, softcap=cap, compute_grad=True, pair=pair,
+        )  # fmt: skip
+        outs.append((z, loss, zl, lse))
+    for a, b in zip(*outs, strict=True):
+        assert torch.isfinite(b).all()
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)

@@ -20,13 +20,15 @@ import triton.language as tl
 
 # ---- constexpr tuning -------------------------------------------------------------------------
 # CE kernel launch on the GPU, (BLOCK_V, num_warps, programs per SM; 0 = one program per row).
-# Rows of at least CE_LONG_ROW_V columns: one 32-warp program per SM, looping over rows, so only
-# ~132 rows are in flight and at V = 128256 (256 KB rows, 33 MB in all) a row's second pass
-# finds it in L2: 0.436 ms per 1792-row chunk against 0.515 one program per row (H200,
-# results/flce-pipeline-probe-h200-2026-12-02.json). Shorter rows: one program per row.
+# Rows of at least CE_LONG_ROW_V columns: one 32-warp program per SM looping over the rows (~132
+# rows in flight: at V = 128256, 33 MB, a row's second pass can find it in L2); shorter rows: one
+# program per row. CE_PAIR: two blocks per loop step (both loads in flight, one rescale exp per
+# two elements). H200, one 1792 x 128256 bf16 chunk: 0.367 ms against 0.418-0.425 without
+# pairing; 960 x 256000: 0.461 against 0.475-0.539 (results/flce-ce-pair-probe-h200-2026-12-02.json).
 CE_LONG_ROW_V = 8192
 CE_CONFIG_LONG_GPU = (8192, 32, 1)
 CE_CONFIG_GPU = (4096, 16, 0)
+CE_PAIR = True
 CE_BLOCK_V_INTERP = 64
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for the grad_weight GEMM on Hopper.
@@ -72,8 +74,10 @@ def _ce_rows_kernel(
     n_rows,
     row_step,  # grid stride over the rows: the grid size (one row per program if it is n_rows)
     HAS_SOFTCAP: tl.constexpr,
+    HAS_LS: tl.constexpr,  # label_smoothing != 0: the row's sum of logits is needed
     COMPUTE_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PAIR: tl.constexpr,
 ):
     for r in range(tl.program_id(0), n_rows, row_step):
         row = tl.cast(r, tl.int64)
@@ -84,23 +88,30 @@ def _ce_rows_kernel(
         tgt_safe = tl.where(valid & (tgt >= 0) & (tgt < V), tgt, 0)
 
         cols = tl.arange(0, BLOCK_V).to(tl.int64)
-        # pass 1: online max / sum of exp / sum of logits, all float32
+        # pass 1: online max / sum of exp (/ sum of logits), all float32, per lane. PAIR: two
+        # blocks per step, both loads in flight at once and one rescale exp per two elements
+        # (exp throughput, not only bandwidth, bounds this pass on Hopper).
         m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
         s_vec = tl.zeros([BLOCK_V], tl.float32)
         sum_z = tl.zeros([BLOCK_V], tl.float32)
-        for v0 in range(0, V, BLOCK_V):
-            offs = v0 + cols
-            mask = offs < V
-            z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
-            if HAS_SOFTCAP:
-                z = softcap * _tanh(z / softcap)
-            z = tl.where(mask, z, float("-inf"))
-            m_new = tl.maximum(m_vec, z)
-            # lanes still at -inf (never saw a valid column) keep s = 0 without NaN
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(z - m_safe)
+        STEP: tl.constexpr = 2 * BLOCK_V if PAIR else BLOCK_V
+        for v0 in range(0, V, STEP):
+            za, mask_a = _ce_load(z_row, v0 + cols, V, softcap, HAS_SOFTCAP)
+            if PAIR:
+                zb, mask_b = _ce_load(z_row, v0 + BLOCK_V + cols, V, softcap, HAS_SOFTCAP)
+                m_new = tl.maximum(m_vec, tl.maximum(za, zb))
+                # lanes still at -inf (never saw a valid column) keep s = 0 without NaN
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                s_vec = s_vec * tl.exp(m_vec - m_safe) + (tl.exp(za - m_safe) + tl.exp(zb - m_safe))
+                if HAS_LS:
+                    sum_z += tl.where(mask_a, za, 0.0) + tl.where(mask_b, zb, 0.0)
+            else:
+                m_new = tl.maximum(m_vec, za)
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(za - m_safe)
+                if HAS_LS:
+                    sum_z += tl.where(mask_a, za, 0.0)
             m_vec = m_new
-            sum_z += tl.where(mask, z, 0.0)
         m = tl.max(m_vec, axis=0)
         s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
         lse = m + tl.log(s)
@@ -122,22 +133,49 @@ def _ce_rows_kernel(
             g = tl.load(scale_ptr + row * stride_scale).to(tl.float32)
             g = tl.where(valid, g, 0.0)
             coef = 1.0 + 2.0 * z_loss_scale * lse  # d/dz [lse + zls*lse^2] = p * coef
-            for v0 in range(0, V, BLOCK_V):
-                offs = v0 + cols
-                mask = offs < V
-                z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
-                if HAS_SOFTCAP:  # noqa: SIM108 (constexpr branch in Triton code)
-                    zc = softcap * _tanh(z / softcap)
+            for v0 in range(0, V, STEP):
+                offs_a = v0 + cols
+                za, mask_a = _ce_load(z_row, offs_a, V, softcap, HAS_SOFTCAP)
+                if PAIR:
+                    offs_b = offs_a + BLOCK_V
+                    zb, mask_b = _ce_load(z_row, offs_b, V, softcap, HAS_SOFTCAP)
+                    da = _ce_dlogits(
+                        za, offs_a, tgt, lse, coef, eps_v, label_smoothing, g, softcap, HAS_SOFTCAP
+                    )
+                    db = _ce_dlogits(
+                        zb, offs_b, tgt, lse, coef, eps_v, label_smoothing, g, softcap, HAS_SOFTCAP
+                    )
+                    tl.store(z_row + offs_a, da.to(z_ptr.dtype.element_ty), mask=mask_a)
+                    tl.store(z_row + offs_b, db.to(z_ptr.dtype.element_ty), mask=mask_b)
                 else:
-                    zc = z
-                p = tl.exp(zc - lse)
-                d = p * coef - eps_v
-                d = tl.where(offs == tgt, d - (1.0 - label_smoothing), d)
-                if HAS_SOFTCAP:
-                    th = zc / softcap
-                    d = d * (1.0 - th * th)
-                d = d * g
-                tl.store(z_row + offs, d.to(z_ptr.dtype.element_ty), mask=mask)
+                    da = _ce_dlogits(
+                        za, offs_a, tgt, lse, coef, eps_v, label_smoothing, g, softcap, HAS_SOFTCAP
+                    )
+                    tl.store(z_row + offs_a, da.to(z_ptr.dtype.element_ty), mask=mask_a)
+
+
+@triton.jit
+def _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP: tl.constexpr):
+    """One block of a logits row as float32 (softcapped): (z, in-row mask), z = -inf past V."""
+    mask = offs < V
+    z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
+    if HAS_SOFTCAP:
+        z = softcap * _tanh(z / softcap)
+    return tl.where(mask, z, float("-inf")), mask
+
+
+@triton.jit
+def _ce_dlogits(
+    zc, offs, tgt, lse, coef, eps_v, label_smoothing, g, softcap, HAS_SOFTCAP: tl.constexpr
+):
+    """dloss/dlogits of one block (float32) from its (softcapped) logits zc and the row's lse:
+    g · (p·coef − ε/V − (1−ε)·onehot) · (1 − tanh²) (the last factor with softcap only)."""
+    d = tl.exp(zc - lse) * coef - eps_v
+    d = tl.where(offs == tgt, d - (1.0 - label_smoothing), d)
+    if HAS_SOFTCAP:
+        th = zc / softcap
+        d = d * (1.0 - th * th)
+    return d * g
 
 
 @triton.jit

@@ -129,11 +129,13 @@ def _launch_ce(
     softcap,
     compute_grad,
     programs: int | None = None,
+    pair: bool | None = None,
 ):
     """Cross-entropy of a logits chunk z [n, V] (16-bit or float32), dlogits written over it.
 
     programs: grid size (rows are taken with a grid stride); default from the GPU launch
-    configs in `_flce_kernels` (one program per row under the interpreter)."""
+    configs in `_flce_kernels` (one program per row under the interpreter). pair: two blocks
+    per loop step (default `CE_PAIR`)."""
     n = z.shape[0]
     if n == 0:
         return
@@ -169,8 +171,10 @@ def _launch_ce(
         n,
         grid,
         HAS_SOFTCAP=softcap is not None,
+        HAS_LS=label_smoothing != 0.0,
         COMPUTE_GRAD=compute_grad,
         BLOCK_V=block_v,
+        PAIR=K.CE_PAIR if pair is None else pair,
         num_warps=num_warps,
     )
 
