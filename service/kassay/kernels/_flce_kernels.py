@@ -3,9 +3,10 @@
 Launchers, input checks and the autograd Function live in `kassay.kernels.flce`.
 
 Kernels
-- `_ce_rows_kernel`: one logits row at a time per program (grid stride over the rows). Pass 1 streams the row once (online max /
-  sum-exp in float32) and writes lse, the row's loss and z-loss; pass 2 (COMPUTE_GRAD) streams it
-  again and overwrites the logits in place with dloss/dlogits, scaled per row.
+- `_ce_rows_kernel`: one logits row at a time per program (grid stride over the rows). Pass 1
+  streams the row once (online max / sum-exp in float32) and writes lse, the row's loss and
+  z-loss; pass 2 (COMPUTE_GRAD) streams it again and overwrites the logits in place with
+  dloss/dlogits, scaled per row. Helpers `_ce_load`, `_ce_dlogits` work on one block.
 - `_gemm_tn_acc_kernel`: C[M, N] (+)= scale * A^T @ B with A [K, M], B [K, N] (the grad_weight
   GEMM dlogits^T @ x of one row chunk), accumulating in float32 registers and adding into C in
   C's dtype (float32, or a power-of-two-scaled float16 accumulator for bfloat16 weights).

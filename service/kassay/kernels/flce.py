@@ -6,7 +6,7 @@ cuBLAS GEMMs (torch.mm) and the Triton kernels, and wraps them in a torch.autogr
 
 Plan (counted in bench/NOTES-flce.md). For each chunk of `rows` rows:
   1. logits = x_c @ W^T (+ b)                cuBLAS, written into one reused [rows, V] buffer
-  2. lse / loss / z-loss / dlogits in place  Triton, one program per row, float32 math
+  2. lse / loss / z-loss / dlogits in place  Triton, a row per program at a time, float32 math
   3. grad_x[rows] = dlogits @ W              cuBLAS, disjoint rows: one rounding, as eager
   4. grad_W (+)= dlogits^T @ x_c             Triton GEMM, float32 accumulation in registers,
                                               added into a float32 or scaled-float16 accumulator

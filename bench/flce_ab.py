@@ -1,0 +1,66 @@
+"""A/B of two versions of kassay's flce on the same GPU in one process: fwd+bwd at both target
+shapes, the versions interleaved over rounds (the H200's clocks follow its power limit and
+temperature, so only measurements of the same run compare).
+
+    PYTHONPATH=service python3 bench/flce_ab.py --old DIR --out FILE
+
+DIR holds the old version as `old_flce.py` + `_old_flce_kernels.py` (old_flce importing the
+kernels as `import _old_flce_kernels as K`), e.g. from `git show REV:service/kassay/kernels/...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flce import SHAPES, make_inputs, measure
+
+from kassay.kernels import flce as kflce
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", type=Path, required=True)
+    ap.add_argument("--old-rev", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    sys.path.insert(0, str(args.old))
+    import old_flce  # type: ignore[import-not-found]
+
+    out: dict = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "command": " ".join(sys.argv),
+        "old_rev": args.old_rev,
+        "ms_tflops_gib": {},
+    }
+    versions = {"old": old_flce.fused_linear_cross_entropy, "new": kflce.fused_linear_cross_entropy}
+    for n, h, v in SHAPES:
+        x, w, t = make_inputs(n, h, v)
+        flop = 6 * n * h * v
+        res = out["ms_tflops_gib"].setdefault(f"{n},{h},{v}", {})
+        for r in range(args.rounds):
+            for name, fn in versions.items():
+                ms, peak, _ = measure(fn, x, w, t)
+                res.setdefault(name, []).append(
+                    [round(ms, 3), round(flop / ms / 1e9, 1), round(peak, 4)]
+                )
+                print(n, h, v, "round", r, name, f"{ms:.3f} ms {peak:.4f} GiB", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
