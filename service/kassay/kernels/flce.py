@@ -651,7 +651,7 @@ class _TargetCheck:
             self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
             self.flag.copy_(bad, non_blocking=True)
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(target.device))
         else:
             self.flag = bad
             self.raise_if_bad()  # host tensors: no queue to keep busy, fail before any work
