@@ -282,6 +282,174 @@ def _gemm_tn_acc_ws_kernel(
     # fmt: on
 
 
+# ------------------------------------------------------------------------------------------------
+# Variant "coop": the two consumer warpgroups share one 128 x 256 tile (64 rows each, so each
+# wgmma is m64 n256: the operand reuse of the shipped Triton kernel's tile), a 1-warp TMA
+# producer keeps the ring full through the epilogue, and each warpgroup prefetches its half of
+# the C tile by TMA at the tile's start. The epilogue is not overlapped with MMAs (both
+# warpgroups finish together) but no longer waits on HBM, and the next tile's stages are loaded
+# meanwhile. Ring: both warpgroups consume every position, so each stage's empty barrier expects
+# two arrivals; each warpgroup waits ready[s] only for laps whose previous lap it consumed
+# itself, so a parity wait can never be two phases off.
+COOP_BM, COOP_BN, COOP_BK, COOP_STAGES = 128, 256, 64, 3  # 3 x 48 KiB ring + 2 x 32 KiB for C
+
+
+@gluon.jit
+def _coop_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM: gl.constexpr,
+                   BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr,
+                   STAGES: gl.constexpr):  # fmt: skip
+    # As `_producer`, but the A tile is loaded as two [BK, BM/2] halves (one per warpgroup):
+    # stage s holds a_bufs[2s], a_bufs[2s + 1] and b_bufs[s].
+    HALF: gl.constexpr = BM // 2
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = gl.cdiv(K, BK)
+    nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    pos = 0
+    for tile in range(pid, num_tiles, nprog):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        for kk in range(k_tiles):
+            s = pos % STAGES
+            mbarrier.wait(empty.index(s), ((pos // STAGES) & 1) ^ 1)  # see `_producer`
+            bar = ready.index(s)
+            mbarrier.expect(bar, nbytes)
+            tma.async_copy_global_to_shared(a_desc, [kk * BK, off_m], bar, a_bufs.index(2 * s))
+            tma.async_copy_global_to_shared(
+                a_desc, [kk * BK, off_m + HALF], bar, a_bufs.index(2 * s + 1)
+            )
+            tma.async_copy_global_to_shared(b_desc, [kk * BK, off_n], bar, b_bufs.index(s))
+            pos += 1
+
+
+@gluon.jit
+def _coop_consumer(c_desc, a_bufs, b_bufs, ready, empty, c_bufs, c_bars, scale_ptr, M, N, K,
+                   WG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
+                   GROUP: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    HALF: gl.constexpr = BM // 2
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16]
+    )
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    num_tiles = num_pid_m * num_pid_n
+    k_tiles = gl.cdiv(K, BK)
+    scale = gl.load(scale_ptr)
+    c_buf = c_bufs.index(WG)
+    c_bar = c_bars.index(WG)
+    j = 0  # tiles done by this CTA: positions j * k_tiles ..., C load number j (parity j & 1)
+    for tile in range(pid, num_tiles, nprog):
+        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP)
+        off_m = pid_m * BM + WG * HALF
+        off_n = pid_n * BN
+        base = j * k_tiles
+        tma.store_wait(0)  # the previous tile's store has read c_buf
+        mbarrier.expect(c_bar, c_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(c_desc, [off_m, off_n], c_bar, c_buf)
+        acc = gl.zeros([HALF, BN], gl.float32, acc_layout)
+        for kk in range(k_tiles):
+            pos = base + kk
+            s = pos % STAGES
+            mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
+            a_t = a_bufs.index(2 * s + WG).permute((1, 0))  # [BK, HALF] viewed as [HALF, BK]
+            acc = warpgroup_mma(a_t, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+            mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=kk > 0)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
+        mbarrier.wait(c_bar, j & 1)
+        c = c_buf.load(acc_layout)
+        out = c.to(gl.float32) + acc * scale
+        c_buf.store(out.to(gl.float16))
+        fence_async_shared()
+        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+        j += 1  # noqa: SIM113 (no enumerate in Gluon)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _gemm_tn_acc_coop_kernel(a_desc, b_desc, c_desc, scale_ptr, M, N, K, BM: gl.constexpr,
+                             BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr,
+                             STAGES: gl.constexpr, P_REGS: gl.constexpr,
+                             C_REGS: gl.constexpr):  # fmt: skip
+    HALF: gl.constexpr = BM // 2
+    a_bufs = gl.allocate_shared_memory(gl.bfloat16, [2 * STAGES, BK, HALF], a_desc.layout)
+    b_bufs = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BK, BN], b_desc.layout)
+    c_bufs = gl.allocate_shared_memory(gl.float16, [2, HALF, BN], c_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    c_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)  # both warpgroups release every position
+    for i in gl.static_range(2):
+        mbarrier.init(c_bars.index(i), count=1)
+    fence_async_shared()
+    # fmt: off
+    gl.warp_specialize(
+        [
+            (_coop_consumer, (c_desc, a_bufs, b_bufs, ready, empty, c_bufs, c_bars, scale_ptr,
+                              M, N, K, 0, BM, BN, BK, GROUP, STAGES)),
+            (_coop_consumer, (c_desc, a_bufs, b_bufs, ready, empty, c_bufs, c_bars, scale_ptr,
+                              M, N, K, 1, BM, BN, BK, GROUP, STAGES)),
+            (_coop_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
+                              BM, BN, BK, GROUP, STAGES)),
+        ],
+        [4, 1],
+        [C_REGS, P_REGS],
+    )
+    # fmt: on
+
+
+def _coop_layouts():
+    half = COOP_BM // 2
+    a_l = gl.NVMMASharedLayout.get_default_for([COOP_BK, half], gl.bfloat16)
+    b_l = gl.NVMMASharedLayout.get_default_for([COOP_BK, COOP_BN], gl.bfloat16)
+    c_l = gl.NVMMASharedLayout.get_default_for([half, COOP_BN], gl.float16)
+    return a_l, b_l, c_l
+
+
+def _coop_meta() -> dict:
+    return dict(
+        BM=COOP_BM,
+        BN=COOP_BN,
+        BK=COOP_BK,
+        GROUP=GROUP_M,
+        STAGES=COOP_STAGES,
+        P_REGS=PRODUCER_REGS,
+        C_REGS=CONSUMER_REGS,
+    )
+
+
+def gemm_tn_acc_gluon_coop(a, b, c, scale):
+    """As `gemm_tn_acc_gluon`, with the cooperative 128 x 256 tile variant."""
+    import torch
+
+    k_dim, m = a.shape
+    n = b.shape[1]
+    assert b.shape[0] == k_dim and tuple(c.shape) == (m, n)
+    if m == 0 or n == 0 or k_dim == 0:
+        return c
+    half = COOP_BM // 2
+    a_l, b_l, c_l = _coop_layouts()
+    a_desc = TensorDescriptor.from_tensor(a, [COOP_BK, half], a_l)
+    b_desc = TensorDescriptor.from_tensor(b, [COOP_BK, COOP_BN], b_l)
+    c_desc = TensorDescriptor.from_tensor(c, [half, COOP_BN], c_l)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    tiles = triton.cdiv(m, COOP_BM) * triton.cdiv(n, COOP_BN)
+    _gemm_tn_acc_coop_kernel[(min(sms, tiles),)](
+        a_desc, b_desc, c_desc, scale, m, n, k_dim, **_coop_meta(),
+        num_warps=CONSUMER_WARPS, maxnreg=MAXNREG,
+    )  # fmt: skip
+    return c
+
+
 def _layouts():
     a_l = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_M], gl.bfloat16)
     b_l = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.bfloat16)
@@ -339,6 +507,10 @@ def gemm_tn_acc_gluon(a, b, c, scale):
 
 
 def compile_check() -> int:
+    return _compile_check("ws") | _compile_check("coop")
+
+
+def _compile_check(variant: str) -> int:
     import re
     import subprocess
     import tempfile
@@ -346,19 +518,27 @@ def compile_check() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    a_l, b_l, c_l = _layouts()
+    if variant == "coop":
+        a_l, b_l, c_l = _coop_layouts()
+        kern, meta = _gemm_tn_acc_coop_kernel, _coop_meta()
+        a_blk, b_blk = [COOP_BK, COOP_BM // 2], [COOP_BK, COOP_BN]
+        c_blk = [COOP_BM // 2, COOP_BN]
+    else:
+        a_l, b_l, c_l = _layouts()
+        kern, meta = _gemm_tn_acc_ws_kernel, _meta()
+        a_blk, b_blk, c_blk = [BLOCK_K, BLOCK_M], [BLOCK_K, BLOCK_N], [BLOCK_M, BLOCK_N]
+    print(f"== variant {variant}")
     sig = {
-        "a_desc": f"tensordesc<bf16[{BLOCK_K}, {BLOCK_M}],{a_l!r}>",
-        "b_desc": f"tensordesc<bf16[{BLOCK_K}, {BLOCK_N}],{b_l!r}>",
-        "c_desc": f"tensordesc<fp16[{BLOCK_M}, {BLOCK_N}],{c_l!r}>",
+        "a_desc": f"tensordesc<bf16[{a_blk[0]}, {a_blk[1]}],{a_l!r}>",
+        "b_desc": f"tensordesc<bf16[{b_blk[0]}, {b_blk[1]}],{b_l!r}>",
+        "c_desc": f"tensordesc<fp16[{c_blk[0]}, {c_blk[1]}],{c_l!r}>",
         "scale_ptr": "*fp32",
         "M": "i32",
         "N": "i32",
         "K": "i32",
     }
-    meta = _meta()
     sig.update({k: "constexpr" for k in meta})
-    src = GluonASTSource(_gemm_tn_acc_ws_kernel, sig, constexprs=meta)
+    src = GluonASTSource(kern, sig, constexprs=meta)
     opts = {"num_warps": CONSUMER_WARPS, "maxnreg": MAXNREG}
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
     md = k.metadata
@@ -402,6 +582,7 @@ SHAPES_CHECK = [
     (256000, 2304, 960),
 ]
 SHAPES_BENCH = [(256000, 2304, 960), (128256, 4096, 1792)]
+VARIANTS = {"ws": gemm_tn_acc_gluon, "coop": gemm_tn_acc_gluon_coop}
 
 
 def _inputs(m, n, k, seed=0):
@@ -420,18 +601,23 @@ def _check(results: dict) -> bool:
 
     ok = True
     for m, n, k in SHAPES_CHECK:
-        a, b, c, scale = _inputs(m, n, k)
-        ref = c.double()
+        a, b, c0, scale = _inputs(m, n, k)
+        ref = c0.double()
         ref.addmm_(a.double().t(), b.double(), alpha=float(scale.item()))
         ref = ref.half().double()  # the kernel's output is float16
-        gemm_tn_acc_gluon(a, b, c, scale)
-        torch.cuda.synchronize()
-        err = ((c.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-        good = err < 1e-3 and bool(torch.isfinite(c).all())
-        ok &= good
-        results.setdefault("check", []).append({"shape": [m, n, k], "rel_l2": err, "ok": good})
-        print(f"check M={m} N={n} K={k}: rel-L2 {err:.3e} {'OK' if good else 'FAIL'}", flush=True)
-        del a, b, c, ref
+        for name, fn in VARIANTS.items():
+            c = c0.clone()
+            fn(a, b, c, scale)
+            torch.cuda.synchronize()
+            err = ((c.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+            good = err < 1e-3 and bool(torch.isfinite(c).all())
+            ok &= good
+            results.setdefault("check", []).append(
+                {"variant": name, "shape": [m, n, k], "rel_l2": err, "ok": good}
+            )
+            print(f"check {name} M={m} N={n} K={k}: rel-L2 {err:.3e} {'OK' if good else 'FAIL'}",
+                  flush=True)  # fmt: skip
+        del a, b, c, c0, ref
         torch.cuda.empty_cache()
     return ok
 
@@ -445,6 +631,7 @@ def _bench_shape(m, n, k, repo_launch) -> dict:
     s = float(scale.item())
     fns = {
         "gluon_ws": lambda: gemm_tn_acc_gluon(a, b, c, scale),
+        "gluon_coop": lambda: gemm_tn_acc_gluon_coop(a, b, c, scale),
         "cublas_addmm_bf16": lambda: c_bf.addmm_(a.t(), b, alpha=s),
     }
     if repo_launch is not None:
