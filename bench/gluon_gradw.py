@@ -407,69 +407,30 @@ def _gemm_tn_acc_coop_kernel(a_desc, b_desc, c_desc, scale_ptr, M, N, K, BM: gl.
     # fmt: on
 
 
-def _coop_layouts():
-    half = COOP_BM // 2
-    a_l = gl.NVMMASharedLayout.get_default_for([COOP_BK, half], gl.bfloat16)
-    b_l = gl.NVMMASharedLayout.get_default_for([COOP_BK, COOP_BN], gl.bfloat16)
-    c_l = gl.NVMMASharedLayout.get_default_for([half, COOP_BN], gl.float16)
-    return a_l, b_l, c_l
+def _spec(variant: str):
+    """(kernel, A block, B block, C block, constexpr meta) of a variant ("ws" or "coop")."""
+    if variant == "coop":
+        half = COOP_BM // 2
+        blocks = [COOP_BK, half], [COOP_BK, COOP_BN], [half, COOP_BN]
+        tile = dict(BM=COOP_BM, BN=COOP_BN, BK=COOP_BK, STAGES=COOP_STAGES)
+        kern = _gemm_tn_acc_coop_kernel
+    else:
+        blocks = [BLOCK_K, BLOCK_M], [BLOCK_K, BLOCK_N], [BLOCK_M, BLOCK_N]
+        tile = dict(BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K, STAGES=NUM_STAGES)
+        kern = _gemm_tn_acc_ws_kernel
+    meta = dict(tile, GROUP=GROUP_M, P_REGS=PRODUCER_REGS, C_REGS=CONSUMER_REGS)
+    return (kern, *blocks, meta)
 
 
-def _coop_meta() -> dict:
-    return dict(
-        BM=COOP_BM,
-        BN=COOP_BN,
-        BK=COOP_BK,
-        GROUP=GROUP_M,
-        STAGES=COOP_STAGES,
-        P_REGS=PRODUCER_REGS,
-        C_REGS=CONSUMER_REGS,
+def _layouts(a_blk, b_blk, c_blk):
+    return (
+        gl.NVMMASharedLayout.get_default_for(a_blk, gl.bfloat16),
+        gl.NVMMASharedLayout.get_default_for(b_blk, gl.bfloat16),
+        gl.NVMMASharedLayout.get_default_for(c_blk, gl.float16),
     )
 
 
-def gemm_tn_acc_gluon_coop(a, b, c, scale):
-    """As `gemm_tn_acc_gluon`, with the cooperative 128 x 256 tile variant."""
-    import torch
-
-    k_dim, m = a.shape
-    n = b.shape[1]
-    assert b.shape[0] == k_dim and tuple(c.shape) == (m, n)
-    if m == 0 or n == 0 or k_dim == 0:
-        return c
-    half = COOP_BM // 2
-    a_l, b_l, c_l = _coop_layouts()
-    a_desc = TensorDescriptor.from_tensor(a, [COOP_BK, half], a_l)
-    b_desc = TensorDescriptor.from_tensor(b, [COOP_BK, COOP_BN], b_l)
-    c_desc = TensorDescriptor.from_tensor(c, [half, COOP_BN], c_l)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles = triton.cdiv(m, COOP_BM) * triton.cdiv(n, COOP_BN)
-    _gemm_tn_acc_coop_kernel[(min(sms, tiles),)](
-        a_desc, b_desc, c_desc, scale, m, n, k_dim, **_coop_meta(),
-        num_warps=CONSUMER_WARPS, maxnreg=MAXNREG,
-    )  # fmt: skip
-    return c
-
-
-def _layouts():
-    a_l = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_M], gl.bfloat16)
-    b_l = gl.NVMMASharedLayout.get_default_for([BLOCK_K, BLOCK_N], gl.bfloat16)
-    c_l = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], gl.float16)
-    return a_l, b_l, c_l
-
-
-def _meta() -> dict:
-    return dict(
-        BM=BLOCK_M,
-        BN=BLOCK_N,
-        BK=BLOCK_K,
-        GROUP=GROUP_M,
-        STAGES=NUM_STAGES,
-        P_REGS=PRODUCER_REGS,
-        C_REGS=CONSUMER_REGS,
-    )
-
-
-def gemm_tn_acc_gluon(a, b, c, scale):
+def _launch(variant: str, a, b, c, scale):
     """c += scale * a^T @ b in place; a [K, M] bf16, b [K, N] bf16, c [M, N] fp16, scale fp32 [1]."""
     import torch
 
@@ -480,26 +441,29 @@ def gemm_tn_acc_gluon(a, b, c, scale):
     assert a.is_contiguous() and b.is_contiguous() and c.is_contiguous()
     if m == 0 or n == 0 or k_dim == 0:
         return c
-    a_l, b_l, c_l = _layouts()
-    a_desc = TensorDescriptor.from_tensor(a, [BLOCK_K, BLOCK_M], a_l)
-    b_desc = TensorDescriptor.from_tensor(b, [BLOCK_K, BLOCK_N], b_l)
-    c_desc = TensorDescriptor.from_tensor(c, [BLOCK_M, BLOCK_N], c_l)
+    kern, a_blk, b_blk, c_blk, meta = _spec(variant)
+    a_l, b_l, c_l = _layouts(a_blk, b_blk, c_blk)
+    descs = (
+        TensorDescriptor.from_tensor(a, a_blk, a_l),
+        TensorDescriptor.from_tensor(b, b_blk, b_l),
+        TensorDescriptor.from_tensor(c, c_blk, c_l),
+    )
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    tiles = triton.cdiv(m, BLOCK_M) * triton.cdiv(n, BLOCK_N)
-    grid = (min(sms, tiles),)
-    _gemm_tn_acc_ws_kernel[grid](
-        a_desc,
-        b_desc,
-        c_desc,
-        scale,
-        m,
-        n,
-        k_dim,
-        **_meta(),
-        num_warps=CONSUMER_WARPS,
-        maxnreg=MAXNREG,
+    tiles = triton.cdiv(m, meta["BM"]) * triton.cdiv(n, meta["BN"])
+    kern[(min(sms, tiles),)](
+        *descs, scale, m, n, k_dim, **meta, num_warps=CONSUMER_WARPS, maxnreg=MAXNREG
     )
     return c
+
+
+def gemm_tn_acc_gluon(a, b, c, scale):
+    """Ping-pong variant (128 x 128 tile per consumer warpgroup); see `_launch`."""
+    return _launch("ws", a, b, c, scale)
+
+
+def gemm_tn_acc_gluon_coop(a, b, c, scale):
+    """Cooperative variant (one 128 x 256 tile for both consumer warpgroups); see `_launch`."""
+    return _launch("coop", a, b, c, scale)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -518,15 +482,8 @@ def _compile_check(variant: str) -> int:
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    if variant == "coop":
-        a_l, b_l, c_l = _coop_layouts()
-        kern, meta = _gemm_tn_acc_coop_kernel, _coop_meta()
-        a_blk, b_blk = [COOP_BK, COOP_BM // 2], [COOP_BK, COOP_BN]
-        c_blk = [COOP_BM // 2, COOP_BN]
-    else:
-        a_l, b_l, c_l = _layouts()
-        kern, meta = _gemm_tn_acc_ws_kernel, _meta()
-        a_blk, b_blk, c_blk = [BLOCK_K, BLOCK_M], [BLOCK_K, BLOCK_N], [BLOCK_M, BLOCK_N]
+    kern, a_blk, b_blk, c_blk, meta = _spec(variant)
+    a_l, b_l, c_l = _layouts(a_blk, b_blk, c_blk)
     print(f"== variant {variant}")
     sig = {
         "a_desc": f"tensordesc<bf16[{a_blk[0]}, {a_blk[1]}],{a_l!r}>",
@@ -684,7 +641,7 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "triton": triton.__version__,
-        "config": _meta(),
+        "config": {v: _spec(v)[4] for v in VARIANTS},
     }
     ok = True
     if args.check:
