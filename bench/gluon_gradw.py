@@ -96,7 +96,11 @@ def _producer(
     BK: gl.constexpr,
     GROUP: gl.constexpr,
     STAGES: gl.constexpr,
+    A_SPLIT: gl.constexpr,
 ):
+    # The A tile [BK, BM] is loaded in A_SPLIT column parts [BK, BM / A_SPLIT] (one per
+    # consumer warpgroup in the cooperative variant): stage s holds a_bufs[A_SPLIT * s + p]
+    # for p < A_SPLIT, and b_bufs[s].
     # Ring bookkeeping: `pos` counts every (tile, k-step) load this CTA issues, in the order the
     # consumers read them; stage s = pos % STAGES, lap L = pos // STAGES.
     # empty[s]: the consumer arrives once (count=1) per position it releases, so its n-th
@@ -113,11 +117,9 @@ def _producer(
     # only filled (and so only released) after this producer's own wait for lap L.
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    num_pid_m = gl.cdiv(M, BM)
-    num_pid_n = gl.cdiv(N, BN)
-    num_tiles = num_pid_m * num_pid_n
-    k_tiles = gl.cdiv(K, BK)
-    nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    num_pid_m, num_pid_n, num_tiles, k_tiles = _grid(M, N, K, BM, BN, BK)
+    nbytes: gl.constexpr = A_SPLIT * a_desc.block_type.nbytes + b_desc.block_type.nbytes
+    PART: gl.constexpr = BM // A_SPLIT
     pos = 0
     for tile in range(pid, num_tiles, nprog):
         pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP)
@@ -129,9 +131,73 @@ def _producer(
             mbarrier.wait(empty.index(s), (lap & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [kk * BK, off_m], bar, a_bufs.index(s))
+            for p in gl.static_range(A_SPLIT):
+                tma.async_copy_global_to_shared(
+                    a_desc, [kk * BK, off_m + p * PART], bar, a_bufs.index(A_SPLIT * s + p)
+                )
             tma.async_copy_global_to_shared(b_desc, [kk * BK, off_n], bar, b_bufs.index(s))
             pos += 1
+
+
+@gluon.jit
+def _grid(M, N, K, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr):
+    """(m tiles, n tiles, tiles, k-steps) of the problem."""
+    num_pid_m = gl.cdiv(M, BM)
+    num_pid_n = gl.cdiv(N, BN)
+    return num_pid_m, num_pid_n, num_pid_m * num_pid_n, gl.cdiv(K, BK)
+
+
+@gluon.jit
+def _prefetch_c(c_desc, c_buf, c_bar, off_m, off_n):
+    # The previous tile's TMA store reads c_buf, so wait for that read (store_wait; Triton
+    # follows it with a warpgroup barrier, so the issuing thread's wait covers everyone) before
+    # the TMA load overwrites the buffer. The epilogue's fence orders the previous
+    # ldmatrix/stmatrix accesses before this async-proxy write.
+    tma.store_wait(0)
+    mbarrier.expect(c_bar, c_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(c_desc, [off_m, off_n], c_bar, c_buf)
+
+
+@gluon.jit
+def _mainloop(a_bufs, b_bufs, ready, empty, acc, base, k_tiles, A_STRIDE: gl.constexpr,
+              A_OFF: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    """k-steps at ring positions base .. base + k_tiles - 1 into acc; returns acc with the last
+    wgmma still in flight (its stage not yet released: see `_finish_tile`).
+
+    ready[s] phase p completes when the fill of lap p lands, so position pos waits parity
+    (pos // STAGES) & 1. The A operand is a_bufs[A_STRIDE * s + A_OFF], [BK, rows] viewed
+    transposed as A^T [rows, BK]."""
+    for kk in range(k_tiles):
+        pos = base + kk
+        s = pos % STAGES
+        mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
+        a_t = a_bufs.index(A_STRIDE * s + A_OFF).permute((1, 0))
+        acc = warpgroup_mma(a_t, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
+        # Keep one wgmma in flight: after this wait the previous k-step's wgmma has finished
+        # reading its stage, which can then be handed back to the producer.
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=kk > 0)
+    return acc
+
+
+@gluon.jit
+def _finish_tile(acc, empty, base, k_tiles, STAGES: gl.constexpr):
+    """Wait for the tile's last wgmma and release its stage (if the tile had any k-step)."""
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
+    return acc
+
+
+@gluon.jit
+def _epilogue(c_desc, c_buf, c_bar, parity, acc, scale, off_m, off_n,
+              ACC_LAYOUT: gl.constexpr):  # fmt: skip
+    """C (prefetched into c_buf) + scale * acc, rounded to float16, stored back in place."""
+    mbarrier.wait(c_bar, parity)
+    c = c_buf.load(ACC_LAYOUT)
+    out = c.to(gl.float32) + acc * scale
+    c_buf.store(out.to(gl.float16))
+    fence_async_shared()  # generic-proxy smem writes -> visible to the TMA store
+    tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
 
 
 @gluon.jit
@@ -161,10 +227,7 @@ def _consumer(
     )
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    num_pid_m = gl.cdiv(M, BM)
-    num_pid_n = gl.cdiv(N, BN)
-    num_tiles = num_pid_m * num_pid_n
-    k_tiles = gl.cdiv(K, BK)
+    num_pid_m, num_pid_n, num_tiles, k_tiles = _grid(M, N, K, BM, BN, BK)
     scale = gl.load(scale_ptr)
     c_buf = c_bufs.index(WG)
     c_bar = c_bars.index(WG)
@@ -172,8 +235,6 @@ def _consumer(
     # This warpgroup owns the CTA-local tiles i = WG, WG + 2, WG + 4, ... (global tile
     # pid + i * nprog); its j-th tile is local tile i = 2 j + WG, whose k-steps occupy ring
     # positions i * k_tiles .. i * k_tiles + k_tiles - 1 (the producer's order).
-    # ready[s] phase p completes when the fill of lap p lands, so position pos waits parity
-    # (pos // STAGES) & 1: lap 0 parity 0, lap 1 parity 1, lap 2 parity 0, ...
     # The other warpgroup consumes the positions in between; a stage is never refilled before
     # its single release (one arrive per position, count=1), so the two consumers cannot
     # confuse laps: position pos + STAGES is only loaded after pos was released.
@@ -186,14 +247,7 @@ def _consumer(
         off_m = pid_m * BM
         off_n = pid_n * BN
         base = (2 * j + WG) * k_tiles
-
-        # Prefetch the C tile. The previous tile's TMA store reads c_buf, so wait for that read
-        # (store_wait; Triton follows it with a warpgroup barrier, so the issuing thread's wait
-        # covers everyone) before the TMA load overwrites the buffer. The epilogue's fence
-        # orders the previous ldmatrix/stmatrix accesses before this async-proxy write.
-        tma.store_wait(0)
-        mbarrier.expect(c_bar, c_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(c_desc, [off_m, off_n], c_bar, c_buf)
+        _prefetch_c(c_desc, c_buf, c_bar, off_m, off_n)
 
         # Turn-taking: a parity wait only tells "this phase or the one before it", so a consumer
         # must never wait on a ring stage more than one lap ahead of its fills. Local tile i
@@ -207,28 +261,10 @@ def _consumer(
         if i_local > 0:
             mbarrier.wait(order.index(WG), ((i_local - 1) // 2) & 1)
         acc = gl.zeros([BM, BN], gl.float32, acc_layout)
-        for kk in range(k_tiles):
-            pos = base + kk
-            s = pos % STAGES
-            mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
-            a_t = a_bufs.index(s).permute((1, 0))  # [BK, BM] tile viewed as A^T [BM, BK]
-            acc = warpgroup_mma(a_t, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            # Keep one wgmma in flight: after this wait the previous k-step's wgmma has
-            # finished reading its stage, which can then be handed back to the producer.
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=kk > 0)
+        acc = _mainloop(a_bufs, b_bufs, ready, empty, acc, base, k_tiles, 1, 0, STAGES)
         mbarrier.arrive(order.index(1 - WG))  # the other warpgroup's next tile may start
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        # Release the last stage of this tile (if the tile had any k-step at all).
-        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
-
-        # Epilogue: C (prefetched) + scale * acc, rounded to float16, written back in place.
-        mbarrier.wait(c_bar, j & 1)
-        c = c_buf.load(acc_layout)
-        out = c.to(gl.float32) + acc * scale
-        c_buf.store(out.to(gl.float16))
-        fence_async_shared()  # generic-proxy smem writes -> visible to the TMA store
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+        acc = _finish_tile(acc, empty, base, k_tiles, STAGES)
+        _epilogue(c_desc, c_buf, c_bar, j & 1, acc, scale, off_m, off_n, acc_layout)
     tma.store_wait(0)
 
 
@@ -274,7 +310,7 @@ def _gemm_tn_acc_ws_kernel(
             (_consumer, (c_desc, a_bufs, b_bufs, ready, empty, c_bufs, c_bars, order, scale_ptr,
                          M, N, K, 1, BM, BN, BK, GROUP, STAGES)),  # worker: warpgroup 1
             (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
-                         BM, BN, BK, GROUP, STAGES)),  # worker: 1 TMA warp
+                         BM, BN, BK, GROUP, STAGES, 1)),  # worker: 1 TMA warp
         ],
         [4, 1],
         [C_REGS, P_REGS],
@@ -295,38 +331,6 @@ COOP_BM, COOP_BN, COOP_BK, COOP_STAGES = 128, 256, 64, 3  # 3 x 48 KiB ring + 2 
 
 
 @gluon.jit
-def _coop_producer(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K, BM: gl.constexpr,
-                   BN: gl.constexpr, BK: gl.constexpr, GROUP: gl.constexpr,
-                   STAGES: gl.constexpr):  # fmt: skip
-    # As `_producer`, but the A tile is loaded as two [BK, BM/2] halves (one per warpgroup):
-    # stage s holds a_bufs[2s], a_bufs[2s + 1] and b_bufs[s].
-    HALF: gl.constexpr = BM // 2
-    pid = gl.program_id(0)
-    nprog = gl.num_programs(0)
-    num_pid_m = gl.cdiv(M, BM)
-    num_pid_n = gl.cdiv(N, BN)
-    num_tiles = num_pid_m * num_pid_n
-    k_tiles = gl.cdiv(K, BK)
-    nbytes: gl.constexpr = 2 * a_desc.block_type.nbytes + b_desc.block_type.nbytes
-    pos = 0
-    for tile in range(pid, num_tiles, nprog):
-        pid_m, pid_n = _tile_coords(tile, num_pid_m, num_pid_n, GROUP)
-        off_m = pid_m * BM
-        off_n = pid_n * BN
-        for kk in range(k_tiles):
-            s = pos % STAGES
-            mbarrier.wait(empty.index(s), ((pos // STAGES) & 1) ^ 1)  # see `_producer`
-            bar = ready.index(s)
-            mbarrier.expect(bar, nbytes)
-            tma.async_copy_global_to_shared(a_desc, [kk * BK, off_m], bar, a_bufs.index(2 * s))
-            tma.async_copy_global_to_shared(
-                a_desc, [kk * BK, off_m + HALF], bar, a_bufs.index(2 * s + 1)
-            )
-            tma.async_copy_global_to_shared(b_desc, [kk * BK, off_n], bar, b_bufs.index(s))
-            pos += 1
-
-
-@gluon.jit
 def _coop_consumer(c_desc, a_bufs, b_bufs, ready, empty, c_bufs, c_bars, scale_ptr, M, N, K,
                    WG: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
                    GROUP: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
@@ -336,10 +340,7 @@ def _coop_consumer(c_desc, a_bufs, b_bufs, ready, empty, c_bufs, c_bars, scale_p
     )
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    num_pid_m = gl.cdiv(M, BM)
-    num_pid_n = gl.cdiv(N, BN)
-    num_tiles = num_pid_m * num_pid_n
-    k_tiles = gl.cdiv(K, BK)
+    num_pid_m, num_pid_n, num_tiles, k_tiles = _grid(M, N, K, BM, BN, BK)
     scale = gl.load(scale_ptr)
     c_buf = c_bufs.index(WG)
     c_bar = c_bars.index(WG)
@@ -349,26 +350,12 @@ def _coop_consumer(c_desc, a_bufs, b_bufs, ready, empty, c_bufs, c_bars, scale_p
         off_m = pid_m * BM + WG * HALF
         off_n = pid_n * BN
         base = j * k_tiles
-        tma.store_wait(0)  # the previous tile's store has read c_buf
-        mbarrier.expect(c_bar, c_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(c_desc, [off_m, off_n], c_bar, c_buf)
+        _prefetch_c(c_desc, c_buf, c_bar, off_m, off_n)
         acc = gl.zeros([HALF, BN], gl.float32, acc_layout)
-        for kk in range(k_tiles):
-            pos = base + kk
-            s = pos % STAGES
-            mbarrier.wait(ready.index(s), (pos // STAGES) & 1)
-            a_t = a_bufs.index(2 * s + WG).permute((1, 0))  # [BK, HALF] viewed as [HALF, BK]
-            acc = warpgroup_mma(a_t, b_bufs.index(s), acc, use_acc=kk > 0, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            mbarrier.arrive(empty.index((pos + STAGES - 1) % STAGES), pred=kk > 0)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((base + k_tiles - 1) % STAGES), pred=k_tiles > 0)
-        mbarrier.wait(c_bar, j & 1)
-        c = c_buf.load(acc_layout)
-        out = c.to(gl.float32) + acc * scale
-        c_buf.store(out.to(gl.float16))
-        fence_async_shared()
-        tma.async_copy_shared_to_global(c_desc, [off_m, off_n], c_buf)
+        # A half WG of stage s: a_bufs[2 s + WG] ([BK, HALF], see `_producer` with A_SPLIT=2)
+        acc = _mainloop(a_bufs, b_bufs, ready, empty, acc, base, k_tiles, 2, WG, STAGES)
+        acc = _finish_tile(acc, empty, base, k_tiles, STAGES)
+        _epilogue(c_desc, c_buf, c_bar, j & 1, acc, scale, off_m, off_n, acc_layout)
         j += 1  # noqa: SIM113 (no enumerate in Gluon)
     tma.store_wait(0)
 
@@ -398,8 +385,8 @@ def _gemm_tn_acc_coop_kernel(a_desc, b_desc, c_desc, scale_ptr, M, N, K, BM: gl.
                               M, N, K, 0, BM, BN, BK, GROUP, STAGES)),
             (_coop_consumer, (c_desc, a_bufs, b_bufs, ready, empty, c_bufs, c_bars, scale_ptr,
                               M, N, K, 1, BM, BN, BK, GROUP, STAGES)),
-            (_coop_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
-                              BM, BN, BK, GROUP, STAGES)),
+            (_producer, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K,
+                         BM, BN, BK, GROUP, STAGES, 2)),
         ],
         [4, 1],
         [C_REGS, P_REGS],
@@ -520,7 +507,7 @@ def _compile_check(variant: str) -> int:
         out = os.environ["GLUON_GRADW_DUMP"]
         os.makedirs(out, exist_ok=True)
         for ext in ("ttgir", "llir", "ptx"):
-            with open(os.path.join(out, f"kernel.{ext}"), "w") as f:
+            with open(os.path.join(out, f"{variant}.{ext}"), "w") as f:
                 f.write(k.asm[ext])
     return 0
 
