@@ -38,6 +38,15 @@ GEMM_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 # TMA/persistent variant (compute capability >= 9 and 16-byte aligned rows). CTAS_PER_SM > 1
 # launches that many persistent programs per SM, so one's epilogue can overlap another's MMAs.
 GEMM_TMA_CONFIG_GPU = (128, 256, 64, 8, 8, 3, 2, 1)
+# GEMM_TMA_REDUCE: the TMA kernel's accumulating epilogue hands C += tile to the TMA unit as a
+# bulk reduce-add (cp.reduce.async.bulk.tensor .add, done in L2) instead of loading C into
+# registers, adding and storing: the SM no longer waits on the C load. Costs one more float16
+# rounding per chunk (the tile scale * acc is rounded before the add).
+GEMM_TMA_REDUCE = True
+# Config of the launches whose epilogue loads C (the last chunk's FINAL epilogue, or every
+# accumulating launch when GEMM_TMA_REDUCE is off): the C tile needs shared memory the
+# reduce-add epilogue does not, so these cannot take more stages.
+GEMM_TMA_RMW_CONFIG_GPU = (128, 256, 64, 8, 8, 3, 2, 1)
 GEMM_CONFIG_INTERP = (32, 32, 32, 4, 4, 1)
 
 FIN_BLOCK_GPU = 4096
@@ -267,6 +276,7 @@ def _gemm_tn_acc_tma_kernel(
     GROUP_M: tl.constexpr,
     EPI_SPLIT: tl.constexpr,
     NUM_SMS: tl.constexpr,
+    REDUCE: tl.constexpr = False,
 ):
     """Hopper variant of `_gemm_tn_acc_kernel`: persistent grid (one program per SM), TMA loads,
     the tile loop flattened into the K loop so the next tile's loads are in flight during this
@@ -307,20 +317,36 @@ def _gemm_tn_acc_tma_kernel(
         if EPI_SPLIT == 2:
             out = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
             o0, o1 = tl.split(out)
-            _tma_epilogue(c_desc, o_desc, o0, om_c, on_c, fin, ACCUMULATE, FINAL)
-            _tma_epilogue(c_desc, o_desc, o1, om_c, on_c + BLOCK_N // 2, fin, ACCUMULATE, FINAL)
+            _tma_epilogue(c_desc, o_desc, o0, om_c, on_c, fin, ACCUMULATE, FINAL, REDUCE)
+            _tma_epilogue(
+                c_desc, o_desc, o1, om_c, on_c + BLOCK_N // 2, fin, ACCUMULATE, FINAL, REDUCE
+            )
         else:
-            _tma_epilogue(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL)
+            _tma_epilogue(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL, REDUCE)
 
 
 @triton.jit
-def _tma_epilogue(c_desc, o_desc, out, om, on, fin, ACCUMULATE: tl.constexpr, FINAL: tl.constexpr):
-    if ACCUMULATE:
-        out += c_desc.load([om, on]).to(tl.float32)
-    if FINAL:
-        o_desc.store([om, on], (out * fin).to(o_desc.dtype))
+def _tma_epilogue(
+    c_desc,
+    o_desc,
+    out,
+    om,
+    on,
+    fin,
+    ACCUMULATE: tl.constexpr,
+    FINAL: tl.constexpr,
+    REDUCE: tl.constexpr,
+):
+    if ACCUMULATE and REDUCE and not FINAL:
+        # C += out by the TMA unit (a bulk reduce-add in L2): nothing of C enters registers
+        c_desc.atomic_add([om, on], out.to(c_desc.dtype))
     else:
-        c_desc.store([om, on], out.to(c_desc.dtype))
+        if ACCUMULATE:
+            out += c_desc.load([om, on]).to(tl.float32)
+        if FINAL:
+            o_desc.store([om, on], (out * fin).to(o_desc.dtype))
+        else:
+            c_desc.store([om, on], out.to(c_desc.dtype))
 
 
 @triton.jit

@@ -1,0 +1,144 @@
+"""Probe: the grad_W GEMM's epilogue as a TMA bulk reduce-add (C += tile done in L2) against the
+read-modify-write epilogue (C loaded into registers, added, stored), on the H200.
+
+  gemm     the grad_W kernel alone on one chunk of each target shape (K x M x N = 1792 x 128256 x
+           4096 and 960 x 256000 x 2304: dlogits^T @ x into the float16 accumulator), for each
+           configuration below and cuBLAS addmm_ (bf16 accumulator) interleaved over rounds; each
+           configuration's result checked against float64 (rel-L2)
+  fwdbwd   kassay fwd+bwd at both target shapes for the same configurations, interleaved, with
+           each output's rel-L2 error against float64; "mul" also undoes the vectorised grad_x
+           scaling (torch's mixed-dtype mul_ as before)
+
+Configurations: (name, GEMM_TMA_REDUCE, GEMM_TMA_CONFIG_GPU).
+
+    PYTHONPATH=service python3 bench/flce_reduce_probe.py --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flce import make_inputs, measure, reference
+
+from kassay.kernels import _flce_kernels as K
+from kassay.kernels import flce as kflce
+
+SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000)]
+CHUNK_ROWS = {(8192, 4096, 128256): 1792, (8192, 2304, 256000): 960}
+SHIPPED_CFG = K.GEMM_TMA_CONFIG_GPU
+RMW_CFG = (128, 256, 64, 8, 8, 3, 2, 1)
+CONFIGS = [
+    ("rmw", False, RMW_CFG),
+    ("reduce", True, RMW_CFG),
+    ("reduce_4stages", True, (128, 256, 64, 8, 8, 4, 2, 1)),
+    ("reduce_split1", True, (128, 256, 64, 8, 8, 3, 1, 1)),
+]
+_SCALE = kflce._scale_
+
+
+def _set(reduce: bool, cfg: tuple, mul: bool = False) -> None:
+    K.GEMM_TMA_REDUCE = reduce
+    K.GEMM_TMA_CONFIG_GPU = cfg  # the launches whose epilogue does not load C
+    kflce._scale_ = (lambda t, f: t.mul_(f)) if mul else _SCALE
+
+
+def gemm(rounds: int) -> dict:
+    res: dict = {}
+    for (_n, h, v), k in CHUNK_ROWS.items():
+        g = torch.Generator(device="cuda").manual_seed(1)
+        a = (torch.randn(k, v, device="cuda", generator=g) * 1e-2).to(torch.bfloat16)
+        b = torch.randn(k, h, device="cuda", generator=g).to(torch.bfloat16)
+        c0 = (torch.randn(v, h, device="cuda", generator=g) * 4).to(torch.float16)
+        scale = torch.full((1,), 0.5, device="cuda")
+        ref = c0.double().addmm_(a.double().t(), b.double(), alpha=0.5)
+        key = f"{k}x{v}x{h}"
+        res[key] = {"check_rel_l2": {}, "ms": {}}
+        for name, red, cfg in CONFIGS:
+            _set(red, cfg)
+            c = c0.clone()
+            kflce._launch_gemm_tn(a, b, c, scale, True)
+            torch.cuda.synchronize()
+            err = ((c.double() - ref).norm() / ref.norm()).item()
+            res[key]["check_rel_l2"][name] = err
+            print(key, name, f"rel-L2 {err:.3e}", flush=True)
+        del ref
+        c_bf = c0.to(torch.bfloat16)
+        c = c0.clone()
+        flop = 2.0 * k * v * h
+        for r in range(rounds):
+            for name, red, cfg in CONFIGS:
+                _set(red, cfg)
+                ms = do_bench(lambda: kflce._launch_gemm_tn(a, b, c, scale, True), rep=150)  # noqa: B023
+                res[key]["ms"].setdefault(name, []).append(round(ms, 4))
+                print(key, r, name, f"{ms:.4f} ms {flop / ms / 1e9:.0f} TFLOP/s", flush=True)
+            ms = do_bench(lambda: c_bf.addmm_(a.t(), b, alpha=0.5), rep=150)  # noqa: B023
+            res[key]["ms"].setdefault("cublas_addmm_bf16", []).append(round(ms, 4))
+            print(key, r, "cublas", f"{ms:.4f} ms {flop / ms / 1e9:.0f} TFLOP/s", flush=True)
+        a = b = c = c0 = c_bf = None  # free before the next shape
+        torch.cuda.empty_cache()
+    _set(True, SHIPPED_CFG)
+    return res
+
+
+def fwdbwd(rounds: int) -> dict:
+    res: dict = {}
+    variants = [(name, red, cfg, False) for name, red, cfg in CONFIGS]
+    variants.insert(1, ("rmw_mul", False, RMW_CFG, True))
+    for n, h, v in SHAPES:
+        x, w, t = make_inputs(n, h, v)
+        ref = reference(x, w, t)
+        flop = 6 * n * h * v
+        key = f"{n},{h},{v}"
+        res[key] = {}
+        for r in range(rounds):
+            for name, red, cfg, mul in variants:
+                _set(red, cfg, mul)
+                ms, peak, errs = measure(kflce.fused_linear_cross_entropy, x, w, t, ref)
+                row = {"ms": round(ms, 3), "tflops": round(flop / ms / 1e9, 1)}
+                row.update({"peak_gib": round(peak, 4), **{k: float(e) for k, e in errs.items()}})
+                res[key].setdefault(name, []).append(row)
+                print(key, r, name, row, flush=True)
+        x = w = t = ref = None
+        torch.cuda.empty_cache()
+    _set(True, SHIPPED_CFG)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parts", default="gemm,fwdbwd")
+    args = ap.parse_args()
+    out: dict = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+        "configs": {name: [red, list(cfg)] for name, red, cfg in CONFIGS},
+    }
+    parts = args.parts.split(",")
+    if "gemm" in parts:
+        out["gemm"] = gemm(args.rounds)
+    if "fwdbwd" in parts:
+        out["fwdbwd"] = fwdbwd(max(1, args.rounds - 1))
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
