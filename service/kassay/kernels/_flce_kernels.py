@@ -6,14 +6,18 @@ Kernels
 - `_ce_rows_kernel`: one logits row at a time per program (grid stride over the rows). Pass 1
   streams the row once (online max / sum-exp in float32) and writes lse, the row's loss and
   z-loss; pass 2 (COMPUTE_GRAD) streams it again and overwrites the logits in place with
-  dloss/dlogits, scaled per row. Helpers `_ce_load`, `_ce_dlogits` work on one block.
+  dloss/dlogits, scaled per row. Each pass runs its full steps unmasked and one masked tail
+  step (`_ce_stats_step`, `_ce_grad_step` / `_ce_grad_block`; `_ce_load` reads one block).
 - `_gemm_tn_acc_kernel`: C[M, N] (+)= scale * A^T @ B with A [K, M], B [K, N] (the grad_weight
   GEMM dlogits^T @ x of one row chunk), accumulating in float32 registers and adding into C in
   C's dtype (float32, or a power-of-two-scaled float16 accumulator for bfloat16 weights).
+  `_gemm_tn_acc_tma_kernel` is its Hopper variant (persistent, TMA; the accumulating epilogue
+  is a TMA bulk reduce-add).
 - `_finalize_kernel`: out = (C * factor) cast to out's dtype; safe in place (out aliasing C)
   because every element is loaded before it is stored by the same program.
 
-All row/column offsets are int64: N*V and V*H pass 2^31 at the shapes this op serves.
+Row and matrix offsets are int64: N*V and V*H pass 2^31 at the shapes this op serves (offsets
+within one logits row are int32: V < 2^31).
 """
 
 import triton
@@ -53,6 +57,9 @@ FIN_BLOCK_GPU = 4096
 FIN_BLOCK_INTERP = 1024
 
 
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(u) = exp2(u * LOG2E): one FMA into exp2
+
+
 @triton.jit
 def _tanh(u):
     # float32 tanh accurate to a few ulp without libdevice (also runs under the interpreter):
@@ -76,7 +83,7 @@ def _ce_rows_kernel(
     lse_ptr,  # [n_rows] float32: natural-log lse of the (softcapped) logits
     scale_ptr,  # float32: row factor of the gradient, scalar (stride 0) or per row
     stride_scale,
-    V,
+    V,  # row length, < 2^31 - 2 * BLOCK_V (in-row offsets are int32)
     ignore_index,
     label_smoothing,
     z_loss_scale,
@@ -89,41 +96,37 @@ def _ce_rows_kernel(
     BLOCK_V: tl.constexpr,
     PAIR: tl.constexpr,
 ):
+    # Instruction count matters here: on the H200 this kernel kept 70% of the issue slots busy
+    # at V = 128256 (ncu), so the full steps of a row run without masks, in-row offsets are
+    # int32 (only the row base is int64) and every exp is one FMA into exp2.
+    STEP: tl.constexpr = 2 * BLOCK_V if PAIR else BLOCK_V
+    v_full = (V // STEP) * STEP  # columns covered by unmasked steps; the rest is one tail step
+    cols = tl.arange(0, BLOCK_V)
     for r in range(tl.program_id(0), n_rows, row_step):
         row = tl.cast(r, tl.int64)
         z_row = z_ptr + row * stride_z
         tgt = tl.load(tgt_ptr + row)
         valid = tgt != ignore_index
         # in bounds whatever the target: out-of-range ones are reported by the launcher
-        tgt_safe = tl.where(valid & (tgt >= 0) & (tgt < V), tgt, 0)
+        tgt_safe = tl.where(valid & (tgt >= 0) & (tgt < V), tgt, 0).to(tl.int32)
 
-        cols = tl.arange(0, BLOCK_V).to(tl.int64)
         # pass 1: online max / sum of exp (/ sum of logits), all float32, per lane. PAIR: two
-        # blocks per step, both loads in flight at once and one rescale exp per two elements
-        # (exp throughput, not only bandwidth, bounds this pass on Hopper).
+        # blocks per step, both loads in flight at once and one rescale exp per two elements.
         m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
         s_vec = tl.zeros([BLOCK_V], tl.float32)
         sum_z = tl.zeros([BLOCK_V], tl.float32)
-        STEP: tl.constexpr = 2 * BLOCK_V if PAIR else BLOCK_V
-        for v0 in range(0, V, STEP):
-            za, mask_a = _ce_load(z_row, v0 + cols, V, softcap, HAS_SOFTCAP)
-            if PAIR:
-                zb, mask_b = _ce_load(z_row, v0 + BLOCK_V + cols, V, softcap, HAS_SOFTCAP)
-                m_new = tl.maximum(m_vec, tl.maximum(za, zb))
-                # lanes still at -inf (never saw a valid column) keep s = 0 without NaN
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                s_vec = s_vec * tl.exp(m_vec - m_safe) + (tl.exp(za - m_safe) + tl.exp(zb - m_safe))
-                if HAS_LS:
-                    sum_z += tl.where(mask_a, za, 0.0) + tl.where(mask_b, zb, 0.0)
-            else:
-                m_new = tl.maximum(m_vec, za)
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-                s_vec = s_vec * tl.exp(m_vec - m_safe) + tl.exp(za - m_safe)
-                if HAS_LS:
-                    sum_z += tl.where(mask_a, za, 0.0)
-            m_vec = m_new
+        for v0 in range(0, v_full, STEP):
+            m_vec, s_vec, sum_z = _ce_stats_step(
+                z_row, v0, cols, V, m_vec, s_vec, sum_z, softcap,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False,
+            )  # fmt: skip
+        if v_full < V:
+            m_vec, s_vec, sum_z = _ce_stats_step(
+                z_row, v_full, cols, V, m_vec, s_vec, sum_z, softcap,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, True,
+            )  # fmt: skip
         m = tl.max(m_vec, axis=0)
-        s = tl.sum(s_vec * tl.exp(m_vec - m), axis=0)
+        s = tl.sum(s_vec * tl.exp2((m_vec - m) * LOG2E), axis=0)
         lse = m + tl.log(s)
         zsum = tl.sum(sum_z, axis=0)
 
@@ -142,50 +145,106 @@ def _ce_rows_kernel(
         if COMPUTE_GRAD:
             g = tl.load(scale_ptr + row * stride_scale).to(tl.float32)
             g = tl.where(valid, g, 0.0)
-            coef = 1.0 + 2.0 * z_loss_scale * lse  # d/dz [lse + zls*lse^2] = p * coef
-            for v0 in range(0, V, STEP):
-                offs_a = v0 + cols
-                za, mask_a = _ce_load(z_row, offs_a, V, softcap, HAS_SOFTCAP)
-                if PAIR:
-                    offs_b = offs_a + BLOCK_V
-                    zb, mask_b = _ce_load(z_row, offs_b, V, softcap, HAS_SOFTCAP)
-                    da = _ce_dlogits(
-                        za, offs_a, tgt, lse, coef, eps_v, label_smoothing, g, softcap, HAS_SOFTCAP
-                    )
-                    db = _ce_dlogits(
-                        zb, offs_b, tgt, lse, coef, eps_v, label_smoothing, g, softcap, HAS_SOFTCAP
-                    )
-                    tl.store(z_row + offs_a, da.to(z_ptr.dtype.element_ty), mask=mask_a)
-                    tl.store(z_row + offs_b, db.to(z_ptr.dtype.element_ty), mask=mask_b)
-                else:
-                    da = _ce_dlogits(
-                        za, offs_a, tgt, lse, coef, eps_v, label_smoothing, g, softcap, HAS_SOFTCAP
-                    )
-                    tl.store(z_row + offs_a, da.to(z_ptr.dtype.element_ty), mask=mask_a)
+            # dloss/dz = g * (p * coef - eps/V - (1 - eps) * onehot), p = exp2(z log2e - lse log2e),
+            # coef = 1 + 2 zls lse (d/dz [lse + zls lse^2] = p * coef)
+            cg = (1.0 + 2.0 * z_loss_scale * lse) * g
+            eg = eps_v * g
+            tg = (1.0 - label_smoothing) * g
+            lse2 = lse * LOG2E
+            for v0 in range(0, v_full, STEP):
+                _ce_grad_step(
+                    z_row, v0, cols, V, tgt_safe - v0, lse2, cg, eg, tg, softcap,
+                    HAS_SOFTCAP, PAIR, BLOCK_V, False,
+                )  # fmt: skip
+            if v_full < V:
+                _ce_grad_step(
+                    z_row, v_full, cols, V, tgt_safe - v_full, lse2, cg, eg, tg, softcap,
+                    HAS_SOFTCAP, PAIR, BLOCK_V, True,
+                )  # fmt: skip
 
 
 @triton.jit
-def _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP: tl.constexpr):
-    """One block of a logits row as float32 (softcapped): (z, in-row mask), z = -inf past V."""
-    mask = offs < V
-    z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
-    if HAS_SOFTCAP:
-        z = softcap * _tanh(z / softcap)
-    return tl.where(mask, z, float("-inf")), mask
+def _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
+    """One block of a logits row as float32 (softcapped): z, -inf past V when MASKED."""
+    if MASKED:
+        mask = offs < V
+        z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+        z = tl.where(mask, z, float("-inf"))
+    else:
+        z = tl.load(z_row + offs).to(tl.float32)
+        if HAS_SOFTCAP:
+            z = softcap * _tanh(z / softcap)
+    return z
 
 
 @triton.jit
-def _ce_dlogits(
-    zc, offs, tgt, lse, coef, eps_v, label_smoothing, g, softcap, HAS_SOFTCAP: tl.constexpr
-):
-    """dloss/dlogits of one block (float32) from its (softcapped) logits zc and the row's lse:
-    g · (p·coef − ε/V − (1−ε)·onehot) · (1 − tanh²) (the last factor with softcap only)."""
-    d = tl.exp(zc - lse) * coef - eps_v
-    d = tl.where(offs == tgt, d - (1.0 - label_smoothing), d)
+def _ce_stats_step(
+    z_row, v0, cols, V, m_vec, s_vec, sum_z, softcap,
+    HAS_SOFTCAP: tl.constexpr, HAS_LS: tl.constexpr, PAIR: tl.constexpr,
+    BLOCK_V: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Pass-1 update of the per-lane (max, sum of exp, sum of logits) by one (pair of) block(s)
+    at column v0; masked lanes hold -inf (no exp mass) and add 0 to the logits sum."""
+    za = _ce_load(z_row, v0 + cols, V, softcap, HAS_SOFTCAP, MASKED)
+    if PAIR:
+        zb = _ce_load(z_row, v0 + BLOCK_V + cols, V, softcap, HAS_SOFTCAP, MASKED)
+        m_new = tl.maximum(m_vec, tl.maximum(za, zb))
+    else:
+        zb = za
+        m_new = tl.maximum(m_vec, za)
+    # lanes still at -inf (never saw a finite column) keep s = 0 without NaN
+    m2 = tl.where(m_new == float("-inf"), 0.0, m_new) * LOG2E
+    e = tl.exp2(za * LOG2E - m2)
+    if PAIR:
+        e += tl.exp2(zb * LOG2E - m2)
+    s_vec = s_vec * tl.exp2(m_vec * LOG2E - m2) + e
+    if HAS_LS:
+        if MASKED:
+            sum_z += tl.where(v0 + cols < V, za, 0.0)
+            if PAIR:
+                sum_z += tl.where(v0 + BLOCK_V + cols < V, zb, 0.0)
+        else:
+            sum_z += za
+            if PAIR:
+                sum_z += zb
+    return m_new, s_vec, sum_z
+
+
+@triton.jit
+def _ce_grad_step(
+    z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap,
+    HAS_SOFTCAP: tl.constexpr, PAIR: tl.constexpr, BLOCK_V: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """Pass 2 on one (pair of) block(s) at column v0: dlogits written over the logits.
+    tgt_rel: the target's column minus v0."""
+    _ce_grad_block(z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap, HAS_SOFTCAP, MASKED)
+    if PAIR:
+        _ce_grad_block(
+            z_row, v0 + BLOCK_V, cols, V, tgt_rel - BLOCK_V, lse2, cg, eg, tg, softcap,
+            HAS_SOFTCAP, MASKED,
+        )  # fmt: skip
+
+
+@triton.jit
+def _ce_grad_block(
+    z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap,
+    HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
+):  # fmt: skip
+    """g · (p·coef − ε/V − (1−ε)·onehot) · (1 − tanh²) (the last factor with softcap only) of
+    one block, as cg · p − eg − tg · onehot."""
+    offs = v0 + cols
+    zc = _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP, MASKED)
+    d = tl.exp2(zc * LOG2E - lse2) * cg - eg
+    d = tl.where(cols == tgt_rel, d - tg, d)
     if HAS_SOFTCAP:
         th = zc / softcap
         d = d * (1.0 - th * th)
-    return d * g
+    if MASKED:
+        tl.store(z_row + offs, d.to(z_row.dtype.element_ty), mask=offs < V)
+    else:
+        tl.store(z_row + offs, d.to(z_row.dtype.element_ty))
 
 
 @triton.jit

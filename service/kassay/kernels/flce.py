@@ -593,6 +593,9 @@ class _FLCEFunction(torch.autograd.Function):
         return grad_x, grad_w, None, grad_b, None, None, None, None, None, None, None, None
 
 
+_MAX_VOCAB = 2**31 - 2**16
+
+
 def _check_inputs(
     x,
     weight,
@@ -615,6 +618,8 @@ def _check_inputs(
         raise ValueError(f"x is [N, H={x.shape[1]}] but weight is [V, H={weight.shape[1]}]")
     if x.shape[0] < 1 or weight.shape[0] < 1 or x.shape[1] < 1:
         raise ValueError(f"empty input: x {tuple(x.shape)}, weight {tuple(weight.shape)}")
+    if weight.shape[0] > _MAX_VOCAB:  # the CE kernel's in-row offsets are int32
+        raise ValueError(f"vocabulary V={weight.shape[0]} is above the supported {_MAX_VOCAB}")
     if not isinstance(target, torch.Tensor) or target.dim() != 1 or target.shape[0] != x.shape[0]:
         raise ValueError(f"target must be a 1-D tensor of N={x.shape[0]} class indices")
     if target.dtype not in (torch.int64, torch.int32):

@@ -1,0 +1,96 @@
+"""A/B of the cross-entropy kernel alone (pass 1 + in-place dlogits) on one chunk of each target
+shape (1792 x 128256 and 960 x 256000, bf16): an old version of `_flce_kernels` against the
+current one, interleaved over rounds, plus the current kernel at other grid sizes (rows in
+flight: with fewer, a row's second pass is likelier to find it in L2). Checks the current
+kernel's outputs against the old one's (max abs difference of dlogits, lse, loss).
+
+    PYTHONPATH=service python3 bench/flce_ce_ab.py --old DIR --out FILE
+
+DIR holds the old kernels as `_old_flce_kernels.py` (e.g. `git show REV:service/kassay/kernels/
+_flce_kernels.py`); the launch arguments are those of the current `_launch_ce`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from kassay.kernels import _flce_kernels as K
+from kassay.kernels import flce as kflce
+
+CHUNKS = [(1792, 128256, 8192), (960, 256000, 8192)]  # rows, V, rows of the whole batch
+GRIDS = [66, 99]  # programs (the shipped grid is one per SM)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--old", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    sys.path.insert(0, str(args.old))
+    import _old_flce_kernels as old_k  # type: ignore[import-not-found]
+
+    new_kernel = K._ce_rows_kernel
+    out: dict = {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "command": " ".join(sys.argv),
+    }
+    for rows, v, n in CHUNKS:
+        g = torch.Generator(device="cuda").manual_seed(5)
+        z0 = (torch.randn(rows, v, device="cuda", generator=g) * 2).to(torch.bfloat16)
+        t = torch.randint(0, v, (rows,), device="cuda", generator=g)
+        t[::10] = -100
+        scale = torch.full((1,), 1.0 / n, device="cuda")
+        f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
+        z = torch.empty_like(z0)
+
+        def run(kernel, programs=None, z=z, t=t, scale=scale, f32=f32, v=v):
+            K._ce_rows_kernel = kernel
+            kflce._launch_ce(
+                z, t, *f32, scale, False, V=v, ignore_index=-100, label_smoothing=0.0,
+                z_loss_scale=0.0, softcap=None, compute_grad=True, programs=programs,
+            )  # fmt: skip
+            K._ce_rows_kernel = new_kernel
+
+        variants = {"old": (old_k._ce_rows_kernel, None), "new": (new_kernel, None)}
+        variants.update({f"new_grid{p}": (new_kernel, p) for p in GRIDS})
+        key = f"{rows}x{v}"
+        res: dict = {"ms": {}, "max_abs_diff_new_vs_old": {}}
+        outs = {}
+        for name in ("old", "new"):
+            z.copy_(z0)
+            run(variants[name][0])
+            outs[name] = (z.float(), [a.clone() for a in f32])
+        d = {"dlogits": float((outs["new"][0] - outs["old"][0]).abs().max())}
+        for i, nm in enumerate(("loss", "zloss", "lse")):
+            d[nm] = float((outs["new"][1][i] - outs["old"][1][i]).abs().max())
+        res["max_abs_diff_new_vs_old"] = d
+        res["max_abs_dlogits"] = float(outs["old"][0].abs().max())
+        print(key, "diff new vs old", d, flush=True)
+        outs = {}
+        for r in range(args.rounds):
+            for name, (kern, programs) in variants.items():
+                ms = do_bench(lambda: run(kern, programs), rep=100)  # noqa: B023
+                res["ms"].setdefault(name, []).append(round(ms, 4))
+            print(key, "round", r, {k: m[-1] for k, m in res["ms"].items()}, flush=True)
+        out[key] = res
+        z0 = z = None
+        torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
