@@ -11,6 +11,8 @@ gaps between kernels) on the H200.
            kernel as it was: one program per row) and "deferred + CE best"
   profile  the kernels of one fwd+bwd (torch.profiler, summed by name), their sum against the
            wall time, and the largest idle gaps between consecutive kernels
+  trace    a Chrome trace (host ops and kernels) of two fwd+bwd at the first shape, written next
+           to --out as *.trace.json
 
     PYTHONPATH=service python3 bench/flce_pipeline_probe.py --out FILE
 """
@@ -50,6 +52,9 @@ CE_CONFIGS = [  # (programs per SM, BLOCK_V, num_warps, pair) for rows of >= CE_
     (0, 4096, 16, True),
     (2, 4096, 16, True),
     (1, 16384, 32, False),
+    (1, 16384, 32, True),
+    (2, 8192, 16, True),
+    (1, 4096, 16, True),
 ]
 CE_CONFIGS = list(dict.fromkeys(CE_CONFIGS))  # the shipped one may also be listed
 BY_NAME = {str(c): c for c in CE_CONFIGS}
@@ -206,6 +211,31 @@ def profile(iters: int = 3) -> dict:
     return res
 
 
+def trace(path: Path, iters: int = 2) -> None:
+    """Chrome trace (host ops + kernels) of `iters` back-to-back fwd+bwd at the first shape, to
+    see what the host was doing while the GPU sat idle between kernels."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as tprofile
+
+    n, h, v = SHAPES[0]
+    x, w, t = make_inputs(n, h, v)
+    xr = x.detach().clone().requires_grad_()
+    wr = w.detach().clone().requires_grad_()
+
+    def step():
+        kflce.fused_linear_cross_entropy(xr, wr, t).backward()
+        xr.grad = wr.grad = None
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            step()
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(path))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path)
@@ -232,6 +262,8 @@ def main() -> int:
         out["fwdbwd_ms_tflops_gib"] = fwdbwd(max(1, args.rounds - 1), ce_best, args.sync)
     if "profile" in parts:
         out["profile"] = profile()
+    if "trace" in parts and args.out:
+        trace(args.out.with_suffix(".trace.json"))
     if args.out:
         args.out.write_text(json.dumps(out, indent=1))
     return 0
