@@ -91,10 +91,14 @@ def test_many_chunks_tma_path(red):
     )
 
 
-@pytest.mark.parametrize("final", [False, True])
-def test_gemm_tma_matches_plain_kernel(final):
-    # K, M and N tails (200, 1000, 136 against blocks of 64, 128, 256)
+@pytest.mark.parametrize("final,reduce", [(False, True), (False, False), (True, True)])
+def test_gemm_tma_matches_plain_kernel(final, reduce, monkeypatch):
+    # K, M and N tails (200, 1000, 136 against blocks of 64, 128, 256); reduce: the accumulating
+    # epilogue as a TMA reduce-add (the default) or load-add-store
+    from kassay.kernels import _flce_kernels as K
     from kassay.kernels import flce as m
+
+    monkeypatch.setattr(K, "GEMM_TMA_REDUCE", reduce)
 
     g = torch.Generator(device="cuda").manual_seed(5)
     a = torch.randn(200, 1000, device="cuda", generator=g).to(torch.bfloat16)

@@ -179,8 +179,13 @@ def test_gemm_final_writes_finished_gradient():
 @pytest.mark.skipif(
     DEV != "cpu", reason="launches the Hopper kernel directly under the interpreter"
 )
-@pytest.mark.parametrize("accumulate,final", [(False, False), (True, False), (True, True)])
-def test_gemm_tma_persistent_kernel(accumulate, final):
+@pytest.mark.parametrize(
+    "accumulate,final,reduce",
+    # the reduce-add epilogue itself (accumulate, not final) is tested on the GPU only: the
+    # interpreter has no descriptor reduce (tests/gpu test_gemm_tma_matches_plain_kernel)
+    [(False, False, False), (True, False, False), (True, True, True)],
+)
+def test_gemm_tma_persistent_kernel(accumulate, final, reduce):
     # the Hopper (TMA, persistent) grad_weight GEMM, run by the interpreter in float16 (its
     # bfloat16 descriptor loads are wrong there): odd K, M and N tails, 3 "SMs" for 8 tiles
     from triton.tools.tensor_descriptor import TensorDescriptor
@@ -213,6 +218,7 @@ def test_gemm_tma_persistent_kernel(accumulate, final):
         GROUP_M=2,
         EPI_SPLIT=2,
         NUM_SMS=3,
+        REDUCE=reduce,  # accumulating epilogue as a TMA reduce-add (ignored by FINAL)
     )
     ref = 0.5 * a.double().t() @ bb.double() + (c0.double() if accumulate else 0.0)
     if final:
@@ -318,3 +324,41 @@ def test_ce_kernel_paired_blocks_match_single(v, ls, cap):
     for a, b in zip(*outs, strict=True):
         assert torch.isfinite(b).all()
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("v", [40, 64, 128, 192, 300])  # interpreter BLOCK_V 64: tails and none
+@pytest.mark.parametrize("ls,cap,zls", [(0.0, None, 0.0), (0.1, None, 1e-3), (0.2, 3.0, 1e-2)])
+def test_ce_kernel_against_float64(v, ls, cap, zls):
+    # the CE kernel alone (unmasked full steps + masked tail, paired or not) against float64
+    from kassay.kernels import flce as kflce
+
+    g = torch.Generator().manual_seed(v + 1)
+    n = 6
+    z0 = torch.randn(n, v, generator=g) * 4
+    t = torch.randint(0, v, (n,), generator=g)
+    t[2] = II
+    t[4] = v - 1  # the last column: in the tail whenever there is one
+    scale = torch.rand(n, generator=g) + 0.5
+    zd = z0.double()
+    zc = cap * torch.tanh(zd / cap) if cap is not None else zd
+    lse_ref = torch.logsumexp(zc, dim=1)
+    valid = t != II
+    ts = t.clamp_min(0)
+    z_t = zc.gather(1, ts[:, None])[:, 0]
+    loss_ref = lse_ref - (1 - ls) * z_t - ls / v * zc.sum(1) + zls * lse_ref**2
+    loss_ref = torch.where(valid, loss_ref, 0.0)
+    p = torch.softmax(zc, dim=1) * (1 + 2 * zls * lse_ref)[:, None]
+    d_ref = p - ls / v - (1 - ls) * F.one_hot(ts, v).double()
+    if cap is not None:
+        d_ref = d_ref * (1 - (zc / cap) ** 2)
+    d_ref = d_ref * torch.where(valid, scale.double(), 0.0)[:, None]
+    for pair in (False, True):
+        z = z0.clone().to(DEV)
+        loss, zl, lse = (torch.empty(n, device=DEV) for _ in range(3))
+        kflce._launch_ce(
+            z, t.to(DEV), loss, zl, lse, scale.to(DEV), True, V=v, ignore_index=II,
+            label_smoothing=ls, z_loss_scale=zls, softcap=cap, compute_grad=True, pair=pair,
+        )  # fmt: skip
+        torch.testing.assert_close(lse.cpu().double()[valid], lse_ref[valid], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(loss.cpu().double(), loss_ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(z.cpu().double(), d_ref, rtol=1e-4, atol=1e-6)
