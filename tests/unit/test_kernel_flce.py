@@ -270,6 +270,9 @@ def test_bad_shapes_and_targets():
         flce_kernel()(x, w, t, torch.zeros(3, device=DEV))
     with pytest.raises(ValueError, match="share a dtype"):
         flce_kernel()(x, w.half(), t)
+    huge_v = torch.zeros(1, 8, device=DEV).expand(2**31, 8)  # a view: no memory behind it
+    with pytest.raises(ValueError, match="vocabulary"):
+        flce_kernel()(x, huge_v, t)
 
 
 def test_ce_kernel_grid_stride_matches_one_program_per_row():
