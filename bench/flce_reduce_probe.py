@@ -9,7 +9,8 @@ read-modify-write epilogue (C loaded into registers, added, stored), on the H200
            each output's rel-L2 error against float64; "mul" also undoes the vectorised grad_x
            scaling (torch's mixed-dtype mul_ as before)
 
-Configurations: (name, GEMM_TMA_REDUCE, GEMM_TMA_CONFIG_GPU).
+Configurations: (name, GEMM_TMA_REDUCE, GEMM_TMA_CONFIG_GPU); --set epilogue (default) compares
+the epilogues, --set tiles the tile shape and GROUP_M under the reduce-add epilogue.
 
     PYTHONPATH=service python3 bench/flce_reduce_probe.py --out FILE
 """
@@ -43,6 +44,13 @@ CONFIGS = [
     ("reduce", True, RMW_CFG),
     ("reduce_4stages", True, (128, 256, 64, 8, 8, 4, 2, 1)),
     ("reduce_split1", True, (128, 256, 64, 8, 8, 3, 1, 1)),
+]
+# --set tiles: tile shape and GROUP_M with the reduce-add epilogue (second run of the day)
+CONFIGS_TILES = [
+    ("reduce", True, RMW_CFG),
+    ("reduce_group4", True, (128, 256, 64, 4, 8, 3, 2, 1)),
+    ("reduce_group16", True, (128, 256, 64, 16, 8, 3, 2, 1)),
+    ("reduce_256x128", True, (256, 128, 64, 8, 8, 3, 2, 1)),
 ]
 _SCALE = kflce._scale_
 
@@ -94,7 +102,8 @@ def gemm(rounds: int) -> dict:
 def fwdbwd(rounds: int) -> dict:
     res: dict = {}
     variants = [(name, red, cfg, False) for name, red, cfg in CONFIGS]
-    variants.insert(1, ("rmw_mul", False, RMW_CFG, True))
+    if CONFIGS[0][0] == "rmw":
+        variants.insert(1, ("rmw_mul", False, RMW_CFG, True))
     for n, h, v in SHAPES:
         x, w, t = make_inputs(n, h, v)
         ref = reference(x, w, t)
@@ -120,7 +129,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--parts", default="gemm,fwdbwd")
+    ap.add_argument("--set", choices=["epilogue", "tiles"], default="epilogue")
     args = ap.parse_args()
+    if args.set == "tiles":
+        CONFIGS[:] = CONFIGS_TILES
     out: dict = {
         "date": datetime.date.today().isoformat(),
         "gpu": torch.cuda.get_device_name(),
