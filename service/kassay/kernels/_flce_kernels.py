@@ -339,7 +339,8 @@ def _gemm_tn_acc_tma_kernel(
 ):
     """Hopper variant of `_gemm_tn_acc_kernel`: persistent grid (one program per SM), TMA loads,
     the tile loop flattened into the K loop so the next tile's loads are in flight during this
-    tile's read-modify-write epilogue. Out-of-bounds TMA reads are zero, stores are clipped."""
+    tile's epilogue (REDUCE: C += tile as a TMA bulk reduce-add; else C loaded, added, stored).
+    Out-of-bounds TMA reads are zero, stores and reduce-adds are clipped."""
     start_pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
