@@ -43,6 +43,30 @@ def make_inputs(n, h, v, seed=0, dtype=torch.bfloat16):
     return x, w, t
 
 
+def run_meta() -> dict:
+    """Date, GPU, versions and command line: the header of every flce result file."""
+    return {
+        "date": datetime.date.today().isoformat(),
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "python": platform.python_version(),
+        "command": " ".join(sys.argv),
+    }
+
+
+def ce_chunk(rows, v, n, seed=5):
+    """One CE-kernel chunk: bf16 logits z0 [rows, v] (~N(0, 4)), targets (every 10th ignored),
+    the mean-reduction row factor 1/n, three float32 row outputs and a work buffer like z0."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    z0 = (torch.randn(rows, v, device="cuda", generator=g) * 2).to(torch.bfloat16)
+    t = torch.randint(0, v, (rows,), device="cuda", generator=g)
+    t[::10] = -100
+    scale = torch.full((1,), 1.0 / n, device="cuda")
+    f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
+    return z0, t, scale, f32, torch.empty_like(z0)
+
+
 def reference(x, w, t, chunk=1024):
     """float64 loss (mean), grad_x, grad_w, chunked over rows."""
     xd, wd = x.double(), w.double()

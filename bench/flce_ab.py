@@ -11,17 +11,13 @@ kernels as `import _old_flce_kernels as K`), e.g. from `git show REV:service/kas
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
-import torch
-import triton
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import SHAPES, make_inputs, measure
+from flce import SHAPES, make_inputs, measure, run_meta
 
 from kassay.kernels import flce as kflce
 
@@ -37,11 +33,7 @@ def main() -> int:
     import old_flce  # type: ignore[import-not-found]
 
     out: dict = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "command": " ".join(sys.argv),
+        **run_meta(),
         "old_rev": args.old_rev,
         "ms_tflops_gib": {},
     }

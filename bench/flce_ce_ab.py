@@ -13,14 +13,16 @@ _flce_kernels.py`); the launch arguments are those of the current `_launch_ce`.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
 import torch
-import triton
 from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flce import ce_chunk, run_meta
 
 from kassay.kernels import _flce_kernels as K
 from kassay.kernels import flce as kflce
@@ -39,21 +41,9 @@ def main() -> int:
     import _old_flce_kernels as old_k  # type: ignore[import-not-found]
 
     new_kernel = K._ce_rows_kernel
-    out: dict = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "command": " ".join(sys.argv),
-    }
+    out: dict = run_meta()
     for rows, v, n in CHUNKS:
-        g = torch.Generator(device="cuda").manual_seed(5)
-        z0 = (torch.randn(rows, v, device="cuda", generator=g) * 2).to(torch.bfloat16)
-        t = torch.randint(0, v, (rows,), device="cuda", generator=g)
-        t[::10] = -100
-        scale = torch.full((1,), 1.0 / n, device="cuda")
-        f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
-        z = torch.empty_like(z0)
+        z0, t, scale, f32, z = ce_chunk(rows, v, n)
 
         def run(kernel, programs=None, z=z, t=t, scale=scale, f32=f32, v=v):
             K._ce_rows_kernel = kernel

@@ -11,14 +11,16 @@ transposed product (W^T dl^T)^T into a [H, rows] buffer.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
 import torch
-import triton
 from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flce import run_meta
 
 CHUNKS = [(1792, 4096, 128256), (960, 2304, 256000)]
 
@@ -28,13 +30,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    out: dict = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "command": " ".join(sys.argv),
-    }
+    out: dict = run_meta()
     side = torch.cuda.Stream()
     for rows, h, v in CHUNKS:
         g = torch.Generator(device="cuda").manual_seed(2)

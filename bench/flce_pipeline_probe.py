@@ -20,20 +20,17 @@ gaps between kernels) on the H200.
 from __future__ import annotations
 
 import argparse
-import datetime
 import itertools
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
-import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import make_inputs, measure
+from flce import ce_chunk, make_inputs, measure, run_meta
 
 from kassay.kernels import _flce_kernels as K
 from kassay.kernels import flce as kflce
@@ -70,13 +67,7 @@ def ce(rounds: int) -> dict:
     res: dict = {}
     default = CE_CONFIGS[0]
     for (n, _h, v), rows in CE_CHUNKS.items():
-        g = torch.Generator(device="cuda").manual_seed(5)
-        z0 = (torch.randn(rows, v, device="cuda", generator=g) * 2).to(torch.bfloat16)
-        t = torch.randint(0, v, (rows,), device="cuda", generator=g)
-        t[::10] = -100
-        scale = torch.full((1,), 1.0 / n, device="cuda")
-        f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
-        z = torch.empty_like(z0)
+        z0, t, scale, f32, z = ce_chunk(rows, v, n)
 
         def run(z=z, t=t, scale=scale, f32=f32, v=v):
             kflce._launch_ce(
@@ -246,14 +237,7 @@ def main() -> int:
     )
     args = ap.parse_args()
     parts = args.parts.split(",")
-    out: dict = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "command": " ".join(sys.argv),
-    }
+    out: dict = run_meta()
     ce_best: dict = {}
     if "ce" in parts:
         out["ce"] = ce(args.rounds)

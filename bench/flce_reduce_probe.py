@@ -18,19 +18,16 @@ the epilogues, --set tiles the tile shape and GROUP_M under the reduce-add epilo
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
-import triton
 from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import make_inputs, measure, reference
+from flce import make_inputs, measure, reference, run_meta
 
 from kassay.kernels import _flce_kernels as K
 from kassay.kernels import flce as kflce
@@ -134,12 +131,7 @@ def main() -> int:
     if args.set == "tiles":
         CONFIGS[:] = CONFIGS_TILES
     out: dict = {
-        "date": datetime.date.today().isoformat(),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "command": " ".join(sys.argv),
+        **run_meta(),
         "configs": {name: [red, list(cfg)] for name, red, cfg in CONFIGS},
     }
     parts = args.parts.split(",")
