@@ -1,0 +1,138 @@
+"""Probe: can a plain-Triton persistent TMA GEMM run grad_x = dlogits @ W (NN, K = V long) as fast
+as cuBLAS per tile? The open question behind a fused grad_x + grad_W kernel (NOTES-flce.md,
+"What is left", item 1). Not used by kassay.
+
+Same tiles and the same data-parallel schedule as cuBLAS has (so the same wave tail): at
+1792 x 4096 x 128256 both make 224 tiles of 128 x 256 on 132 SMs; at 1024 rows 128 tiles (one
+wave, no tail) isolate the mainloop. Checked against torch.mm (max abs difference).
+
+    PYTHONPATH=service python3 bench/flce_nn_probe.py --out FILE
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flce import run_meta
+
+# (rows, H, V): grad_x of one chunk, dlogits [rows, V] @ W [V, H]
+SHAPES = [(1792, 4096, 128256), (1024, 4096, 128256), (960, 2304, 256000)]
+CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
+    (128, 256, 64, 8, 8, 3),  # the grad_W kernel's tile (4 stages need 262 KB: do not fit)
+    (128, 256, 64, 16, 8, 3),
+    (128, 128, 64, 8, 8, 4),
+    (128, 128, 64, 8, 4, 4),
+]
+
+
+@triton.jit
+def _gemm_nn_tma_kernel(
+    a_desc,  # A [M, K] bf16, block [BLOCK_M, BLOCK_K]
+    b_desc,  # B [K, N] bf16, block [BLOCK_K, BLOCK_N]
+    c_desc,  # C [M, N] bf16 = A @ B, block [BLOCK_M, BLOCK_N]
+    M,
+    N,
+    K,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    num_in_group = GROUP_M * num_pid_n
+    tile_id_c = start_pid - NUM_SMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        group_id = tile_id // num_in_group
+        first_m = group_id * GROUP_M
+        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+        om = (first_m + (tile_id % group_size)) * BLOCK_M
+        on = ((tile_id % num_in_group) // group_size) * BLOCK_N
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([om, ki * BLOCK_K])
+            b = b_desc.load([ki * BLOCK_K, on])
+            acc = tl.dot(a, b, acc)
+        tile_id_c += NUM_SMS
+        group_id = tile_id_c // num_in_group
+        first_m = group_id * GROUP_M
+        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+        om_c = (first_m + (tile_id_c % group_size)) * BLOCK_M
+        on_c = ((tile_id_c % num_in_group) // group_size) * BLOCK_N
+        c_desc.store([om_c, on_c], acc.to(c_desc.dtype))
+
+
+def gemm_nn(a, b, c, cfg):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    bm, bn, bk, gm, warps, stages = cfg
+    m, k = a.shape
+    n = b.shape[1]
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    _gemm_nn_tma_kernel[(min(sms, tiles),)](
+        TensorDescriptor.from_tensor(a, [bm, bk]),
+        TensorDescriptor.from_tensor(b, [bk, bn]),
+        TensorDescriptor.from_tensor(c, [bm, bn]),
+        m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, NUM_SMS=sms,
+        num_warps=warps, num_stages=stages,
+    )  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    out: dict = run_meta()
+    for rows, h, v in SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(4)
+        dl = (torch.randn(rows, v, device="cuda", generator=g) * 1e-3).to(torch.bfloat16)
+        w = (torch.randn(v, h, device="cuda", generator=g) * h**-0.5).to(torch.bfloat16)
+        gx = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
+        ref = torch.mm(dl, w)
+        key = f"{rows}x{h}x{v}"
+        res: dict = {"ms": {}, "max_abs_diff": {}, "ref_max_abs": float(ref.abs().max())}
+        fns = {"cublas_mm": lambda: torch.mm(dl, w, out=gx)}  # noqa: B023
+        for cfg in CONFIGS:
+            fns[f"triton_nn{cfg}"] = lambda cfg=cfg: gemm_nn(dl, w, gx, cfg)  # noqa: B023
+        for name, fn in fns.items():
+            try:
+                gx.zero_()
+                fn()
+                torch.cuda.synchronize()
+                res["max_abs_diff"][name] = float((gx.float() - ref.float()).abs().max())
+            except Exception as e:  # a config that does not fit (shared memory): record it
+                res["max_abs_diff"][name] = repr(e)[:200]
+        ok = {k: f for k, f in fns.items() if isinstance(res["max_abs_diff"][k], float)}
+        flop = 2.0 * rows * h * v
+        for r in range(args.rounds):
+            for name, fn in ok.items():
+                res["ms"].setdefault(name, []).append(round(do_bench(fn, rep=100), 4))
+            print(key, "round", r, {k: m[-1] for k, m in res["ms"].items()}, flush=True)
+        res["best_tflops"] = {k: round(flop / min(m) / 1e9, 1) for k, m in res["ms"].items()}
+        print(key, res["max_abs_diff"], res["best_tflops"], flush=True)
+        out[key] = res
+        dl = w = gx = ref = None
+        torch.cuda.empty_cache()
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
