@@ -31,17 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flce import run_meta
 
 from kassay.kernels import flce as kflce
+from kassay.kernels._flce_kernels import _tile_mn
 
 CHUNKS = [(1792, 4096, 128256), (960, 2304, 256000), (1024, 4096, 128256)]  # rows, H, V
 BM, BN, BK, GROUP_M, WARPS, STAGES = 128, 256, 64, 8, 8, 3
-
-
-@triton.jit
-def _swizzle(tile, num_pid_m, num_pid_n, GROUP: tl.constexpr):
-    num_in_group = GROUP * num_pid_n
-    first_m = (tile // num_in_group) * GROUP
-    group_size = tl.minimum(num_pid_m - first_m, GROUP)
-    return first_m + (tile % group_size), (tile % num_in_group) // group_size
 
 
 @triton.jit
@@ -70,7 +63,7 @@ def _fused_gradx_gradw_kernel(
     kx = tl.cdiv(V, BK)
     tx = mx * nx
     for t in range(pid, tx, NUM_SMS):
-        pm, pn = _swizzle(t, mx, nx, GROUP_M)
+        pm, pn = _tile_mn(t, mx, GROUP_M * nx, GROUP_M)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for ki in range(kx):
             a = dlx_desc.load([pm * BM, ki * BK])
@@ -94,7 +87,7 @@ def _fused_gradx_gradw_kernel(
     n_common = tl.cdiv(tl.maximum(tw - extra - pid, 0), NUM_SMS)
     for i in tl.range(0, n_extra + n_common, flatten=True):
         t = tl.where(i < n_extra, (pid - rem) + i * light, extra + pid + (i - n_extra) * NUM_SMS)
-        pm, pn = _swizzle(t, mw, nw, GROUP_M)
+        pm, pn = _tile_mn(t, mw, GROUP_M * nw, GROUP_M)
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for ki in range(kw):
             a = dlw_desc.load([ki * BK, pm * BM])

@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flce import run_meta
 
+from kassay.kernels._flce_kernels import _tile_mn
+
 # (rows, H, V): grad_x of one chunk, dlogits [rows, V] @ W [V, H]
 SHAPES = [(1792, 4096, 128256), (1024, 4096, 128256), (960, 2304, 256000)]
 CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages)
@@ -57,23 +59,17 @@ def _gemm_nn_tma_kernel(
     num_in_group = GROUP_M * num_pid_n
     tile_id_c = start_pid - NUM_SMS
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
-        group_id = tile_id // num_in_group
-        first_m = group_id * GROUP_M
-        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-        om = (first_m + (tile_id % group_size)) * BLOCK_M
-        on = ((tile_id % num_in_group) // group_size) * BLOCK_N
+        pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)
+        om = pid_m * BLOCK_M
+        on = pid_n * BLOCK_N
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for ki in range(k_tiles):
             a = a_desc.load([om, ki * BLOCK_K])
             b = b_desc.load([ki * BLOCK_K, on])
             acc = tl.dot(a, b, acc)
         tile_id_c += NUM_SMS
-        group_id = tile_id_c // num_in_group
-        first_m = group_id * GROUP_M
-        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-        om_c = (first_m + (tile_id_c % group_size)) * BLOCK_M
-        on_c = ((tile_id_c % num_in_group) // group_size) * BLOCK_N
-        c_desc.store([om_c, on_c], acc.to(c_desc.dtype))
+        pid_m_c, pid_n_c = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
+        c_desc.store([pid_m_c * BLOCK_M, pid_n_c * BLOCK_N], acc.to(c_desc.dtype))
 
 
 def gemm_nn(a, b, c, cfg):

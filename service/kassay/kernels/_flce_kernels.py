@@ -275,12 +275,7 @@ def _gemm_tn_acc_kernel(
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_in_group = GROUP_M * num_pid_n
-    group_id = pid // num_in_group
-    first_m = group_id * GROUP_M
-    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-    pid_m = first_m + ((pid % num_in_group) % group_size)
-    pid_n = (pid % num_in_group) // group_size
+    pid_m, pid_n = _tile_mn(pid, num_pid_m, GROUP_M * num_pid_n, GROUP_M)
 
     offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M).to(tl.int64)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
@@ -353,11 +348,7 @@ def _gemm_tn_acc_tma_kernel(
         fin = tl.load(fin_ptr).to(tl.float32)
     tile_id_c = start_pid - NUM_SMS  # separate epilogue counter (pipeliner-friendly)
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
-        group_id = tile_id // num_in_group
-        first_m = group_id * GROUP_M
-        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-        pid_m = first_m + (tile_id % group_size)
-        pid_n = (tile_id % num_in_group) // group_size
+        pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)
         om = pid_m * BLOCK_M
         on = pid_n * BLOCK_N
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
@@ -368,11 +359,9 @@ def _gemm_tn_acc_tma_kernel(
             acc = tl.dot(a.T, b, acc)
 
         tile_id_c += NUM_SMS
-        group_id = tile_id_c // num_in_group
-        first_m = group_id * GROUP_M
-        group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
-        om_c = (first_m + (tile_id_c % group_size)) * BLOCK_M
-        on_c = ((tile_id_c % num_in_group) // group_size) * BLOCK_N
+        pid_m_c, pid_n_c = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
+        om_c = pid_m_c * BLOCK_M
+        on_c = pid_n_c * BLOCK_N
         out = acc * scale
         if EPI_SPLIT == 2:
             out = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
@@ -383,6 +372,16 @@ def _gemm_tn_acc_tma_kernel(
             )
         else:
             _tma_epilogue(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL, REDUCE)
+
+
+@triton.jit
+def _tile_mn(tile, num_pid_m, num_in_group, GROUP_M: tl.constexpr):
+    """(m, n) block of a persistent loop's tile index, GROUP_M m-blocks walked down each
+    n-column before moving right (num_in_group = GROUP_M * n-blocks), so concurrently resident
+    tiles share their A rows in L2."""
+    first_m = (tile // num_in_group) * GROUP_M
+    group_size = tl.minimum(num_pid_m - first_m, GROUP_M)
+    return first_m + (tile % group_size), (tile % num_in_group) // group_size
 
 
 @triton.jit
