@@ -21,6 +21,7 @@ import math
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,39 @@ def run_meta() -> dict:
         "python": platform.python_version(),
         "command": " ".join(sys.argv),
     }
+
+
+def probe_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The flce probes' command line: --rounds (interleaved timing rounds) and --out (JSON)."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", type=Path)
+    return ap
+
+
+def time_rounds(fns: dict, rounds: int, key: str, rep: int = 100) -> dict:
+    """{name: [ms per round]}: every fn timed once per round (do_bench, mean), interleaved, so
+    the card's clock drift spreads over all of them; prints each round."""
+    ms: dict = {}
+    for r in range(rounds):
+        for name, fn in fns.items():
+            ms.setdefault(name, []).append(round(do_bench(fn, rep=rep), 4))
+        print(key, "round", r, {k: m[-1] for k, m in ms.items()}, flush=True)
+    return ms
+
+
+def save(out: dict, path: Path | None) -> None:
+    if path:
+        path.write_text(json.dumps(out, indent=1))
+
+
+def grad_x_operands(rows, h, v, seed, dl_scale):
+    """(generator, dl [rows, v], w [v, h]) bf16, dl ~ N(0, dl_scale^2), w ~ N(0, 1/h); the
+    generator continues for the caller's further inputs."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dl = (torch.randn(rows, v, device="cuda", generator=g) * dl_scale).to(torch.bfloat16)
+    w = (torch.randn(v, h, device="cuda", generator=g) * h**-0.5).to(torch.bfloat16)
+    return g, dl, w
 
 
 def ce_chunk(rows, v, n, seed=5):

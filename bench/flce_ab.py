@@ -10,24 +10,20 @@ kernels as `import _old_flce_kernels as K`), e.g. from `git show REV:service/kas
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import SHAPES, make_inputs, measure, run_meta
+from flce import SHAPES, make_inputs, measure, probe_parser, run_meta, save
 
 from kassay.kernels import flce as kflce
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = probe_parser(__doc__)
     ap.add_argument("--old", type=Path, required=True)
     ap.add_argument("--old-rev", default="")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     sys.path.insert(0, str(args.old))
     import old_flce  # type: ignore[import-not-found]
@@ -49,8 +45,7 @@ def main() -> int:
                     [round(ms, 3), round(flop / ms / 1e9, 1), round(peak, 4)]
                 )
                 print(n, h, v, "round", r, name, f"{ms:.3f} ms {peak:.4f} GiB", flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
+    save(out, args.out)
     return 0
 
 

@@ -12,17 +12,14 @@ _flce_kernels.py`); the launch arguments are those of the current `_launch_ce`.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import ce_chunk, run_meta
+from flce import ce_chunk, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import _flce_kernels as K
 from kassay.kernels import flce as kflce
@@ -32,10 +29,8 @@ GRIDS = [66, 99]  # programs (the shipped grid is one per SM)
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
+    ap = probe_parser(__doc__)
     ap.add_argument("--old", type=Path, required=True)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     sys.path.insert(0, str(args.old))
     import _old_flce_kernels as old_k  # type: ignore[import-not-found]
@@ -69,16 +64,12 @@ def main() -> int:
         res["max_abs_dlogits"] = float(outs["old"][0].abs().max())
         print(key, "diff new vs old", d, flush=True)
         outs = {}
-        for r in range(args.rounds):
-            for name, (kern, programs) in variants.items():
-                ms = do_bench(lambda: run(kern, programs), rep=100)  # noqa: B023
-                res["ms"].setdefault(name, []).append(round(ms, 4))
-            print(key, "round", r, {k: m[-1] for k, m in res["ms"].items()}, flush=True)
+        fns = {name: lambda kp=kp: run(*kp) for name, kp in variants.items()}
+        res["ms"] = time_rounds(fns, args.rounds, key)
         out[key] = res
         z0 = z = None
         torch.cuda.empty_cache()
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
+    save(out, args.out)
     return 0
 
 

@@ -16,19 +16,16 @@ Compared with cuBLAS grad_x followed by kassay's grad_W kernel, on the same inpu
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import run_meta
+from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import flce as kflce
 from kassay.kernels._flce_kernels import _tile_mn
@@ -105,7 +102,7 @@ def fused(dl, w, xc, gx, c, scale):
 
     rows, v = dl.shape
     h = w.shape[1]
-    sms = torch.cuda.get_device_properties(dl.device).multi_processor_count
+    sms = kflce._num_sms(dl.device.index or 0)
     _fused_gradx_gradw_kernel[(sms,)](
         TD.from_tensor(dl, [BM, BK]), TD.from_tensor(w, [BK, BN]), TD.from_tensor(gx, [BM, BN]),
         TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
@@ -115,22 +112,17 @@ def fused(dl, w, xc, gx, c, scale):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    args = probe_parser(__doc__).parse_args()
     out: dict = run_meta()
     for rows, h, v in CHUNKS:
-        g = torch.Generator(device="cuda").manual_seed(6)
-        dl = (torch.randn(rows, v, device="cuda", generator=g) * 1e-2).to(torch.bfloat16)
-        w = (torch.randn(v, h, device="cuda", generator=g) * h**-0.5).to(torch.bfloat16)
+        g, dl, w = grad_x_operands(rows, h, v, seed=6, dl_scale=1e-2)
         xc = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
         c0 = (torch.randn(v, h, device="cuda", generator=g) * 4).half()
         scale = torch.full((1,), 0.5, device="cuda")
         gx = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
         c = c0.clone()
         key = f"{rows}x{h}x{v}"
-        res: dict = {"ms": {}}
+        res: dict = {}
         fused(dl, w, xc, gx, c, scale)
         torch.cuda.synchronize()
         gx_ref = torch.mm(dl, w)
@@ -138,7 +130,7 @@ def main() -> int:
         c_ref = c0.clone()
         kflce._launch_gemm_tn(dl, xc, c_ref, scale, True)
         res["C_max_abs_diff_vs_shipped"] = float((c.float() - c_ref.float()).abs().max())
-        print(key, {k: r for k, r in res.items() if k != "ms"}, flush=True)
+        print(key, res, flush=True)
         gx_ref = c_ref = None
 
         def separate(dl=dl, w=w, xc=xc, gx=gx, c=c, scale=scale):
@@ -151,15 +143,11 @@ def main() -> int:
             "cublas_grad_x_alone": lambda: torch.mm(dl, w, out=gx),  # noqa: B023
             "shipped_grad_W_alone": lambda: kflce._launch_gemm_tn(dl, xc, c, scale, True),  # noqa: B023
         }
-        for r in range(args.rounds):
-            for name, fn in fns.items():
-                res["ms"].setdefault(name, []).append(round(do_bench(fn, rep=120), 4))
-            print(key, "round", r, {k: m[-1] for k, m in res["ms"].items()}, flush=True)
+        res["ms"] = time_rounds(fns, args.rounds, key, rep=120)
         out[key] = res
         dl = w = xc = c0 = c = gx = None
         torch.cuda.empty_cache()
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
+    save(out, args.out)
     return 0
 
 

@@ -10,32 +10,24 @@ transposed product (W^T dl^T)^T into a [H, rows] buffer.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import run_meta
+from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
 
 CHUNKS = [(1792, 4096, 128256), (960, 2304, 256000)]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    args = probe_parser(__doc__).parse_args()
     out: dict = run_meta()
     side = torch.cuda.Stream()
     for rows, h, v in CHUNKS:
-        g = torch.Generator(device="cuda").manual_seed(2)
-        dl = (torch.randn(rows, v, device="cuda", generator=g) * 1e-3).to(torch.bfloat16)
-        w = (torch.randn(v, h, device="cuda", generator=g) * h**-0.5).to(torch.bfloat16)
+        g, dl, w = grad_x_operands(rows, h, v, seed=2, dl_scale=1e-3)
         x = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
         gx = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
         gxt = torch.empty(h, rows, device="cuda", dtype=torch.bfloat16)
@@ -59,7 +51,7 @@ def main() -> int:
         }
         ref = torch.mm(dl, w)
         key = f"{rows}x{h}x{v}"
-        res: dict = {"ms": {}, "max_abs_diff": {}}
+        res: dict = {"max_abs_diff": {}}
         for name, fn in fns.items():
             if name.startswith("gradx"):
                 gx.zero_()
@@ -68,16 +60,12 @@ def main() -> int:
                 torch.cuda.synchronize()
                 got = gxt.t() if "transposed" in name else gx
                 res["max_abs_diff"][name] = float((got.float() - ref.float()).abs().max())
-        for r in range(args.rounds):
-            for name, fn in fns.items():
-                res["ms"].setdefault(name, []).append(round(do_bench(fn, rep=100), 4))
-            print(key, "round", r, {k: m[-1] for k, m in res["ms"].items()}, flush=True)
+        res["ms"] = time_rounds(fns, args.rounds, key)
         print(key, res["max_abs_diff"], flush=True)
         out[key] = res
         dl = w = x = gx = gxt = z = ref = None
         torch.cuda.empty_cache()
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
+    save(out, args.out)
     return 0
 
 

@@ -11,20 +11,18 @@ wave, no tail) isolate the mainloop. Checked against torch.mm (max abs differenc
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import run_meta
+from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
 
+from kassay.kernels import flce as kflce
 from kassay.kernels._flce_kernels import _tile_mn
 
 # (rows, H, V): grad_x of one chunk, dlogits [rows, V] @ W [V, H]
@@ -78,7 +76,7 @@ def gemm_nn(a, b, c, cfg):
     bm, bn, bk, gm, warps, stages = cfg
     m, k = a.shape
     n = b.shape[1]
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+    sms = kflce._num_sms(a.device.index or 0)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     _gemm_nn_tma_kernel[(min(sms, tiles),)](
         TensorDescriptor.from_tensor(a, [bm, bk]),
@@ -90,19 +88,14 @@ def gemm_nn(a, b, c, cfg):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
+    args = probe_parser(__doc__).parse_args()
     out: dict = run_meta()
     for rows, h, v in SHAPES:
-        g = torch.Generator(device="cuda").manual_seed(4)
-        dl = (torch.randn(rows, v, device="cuda", generator=g) * 1e-3).to(torch.bfloat16)
-        w = (torch.randn(v, h, device="cuda", generator=g) * h**-0.5).to(torch.bfloat16)
+        _g, dl, w = grad_x_operands(rows, h, v, seed=4, dl_scale=1e-3)
         gx = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
         ref = torch.mm(dl, w)
         key = f"{rows}x{h}x{v}"
-        res: dict = {"ms": {}, "max_abs_diff": {}, "ref_max_abs": float(ref.abs().max())}
+        res: dict = {"max_abs_diff": {}, "ref_max_abs": float(ref.abs().max())}
         fns = {"cublas_mm": lambda: torch.mm(dl, w, out=gx)}  # noqa: B023
         for cfg in CONFIGS:
             fns[f"triton_nn{cfg}"] = lambda cfg=cfg: gemm_nn(dl, w, gx, cfg)  # noqa: B023
@@ -116,17 +109,13 @@ def main() -> int:
                 res["max_abs_diff"][name] = repr(e)[:200]
         ok = {k: f for k, f in fns.items() if isinstance(res["max_abs_diff"][k], float)}
         flop = 2.0 * rows * h * v
-        for r in range(args.rounds):
-            for name, fn in ok.items():
-                res["ms"].setdefault(name, []).append(round(do_bench(fn, rep=100), 4))
-            print(key, "round", r, {k: m[-1] for k, m in res["ms"].items()}, flush=True)
+        res["ms"] = time_rounds(ok, args.rounds, key)
         res["best_tflops"] = {k: round(flop / min(m) / 1e9, 1) for k, m in res["ms"].items()}
         print(key, res["max_abs_diff"], res["best_tflops"], flush=True)
         out[key] = res
         dl = w = gx = ref = None
         torch.cuda.empty_cache()
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
+    save(out, args.out)
     return 0
 
 

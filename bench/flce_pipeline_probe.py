@@ -19,9 +19,7 @@ gaps between kernels) on the H200.
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import sys
 from pathlib import Path
 
@@ -30,7 +28,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import ce_chunk, make_inputs, measure, run_meta
+from flce import ce_chunk, make_inputs, measure, probe_parser, run_meta, save
 
 from kassay.kernels import _flce_kernels as K
 from kassay.kernels import flce as kflce
@@ -228,9 +226,7 @@ def trace(path: Path, iters: int = 2) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = probe_parser(__doc__)
     ap.add_argument("--parts", default="ce,fwdbwd,profile")
     ap.add_argument(
         "--sync", action="store_true", help="fwdbwd: the host-synced target check vs deferred"
@@ -248,8 +244,7 @@ def main() -> int:
         out["profile"] = profile()
     if "trace" in parts and args.out:
         trace(args.out.with_suffix(".trace.json"))
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
+    save(out, args.out)
     return 0
 
 

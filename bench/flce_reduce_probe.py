@@ -17,8 +17,6 @@ the epilogues, --set tiles the tile shape and GROUP_M under the reduce-add epilo
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -27,7 +25,7 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import make_inputs, measure, reference, run_meta
+from flce import make_inputs, measure, probe_parser, reference, run_meta, save
 
 from kassay.kernels import _flce_kernels as K
 from kassay.kernels import flce as kflce
@@ -122,9 +120,7 @@ def fwdbwd(rounds: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap = probe_parser(__doc__)
     ap.add_argument("--parts", default="gemm,fwdbwd")
     ap.add_argument("--set", choices=["epilogue", "tiles"], default="epilogue")
     args = ap.parse_args()
@@ -139,8 +135,7 @@ def main() -> int:
         out["gemm"] = gemm(args.rounds)
     if "fwdbwd" in parts:
         out["fwdbwd"] = fwdbwd(max(1, args.rounds - 1))
-    if args.out:
-        args.out.write_text(json.dumps(out, indent=1))
+    save(out, args.out)
     return 0
 
 
