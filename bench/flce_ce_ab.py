@@ -1,13 +1,15 @@
 """A/B of the cross-entropy kernel alone (pass 1 + in-place dlogits) on one chunk of each target
 shape (1792 x 128256 and 960 x 256000, bf16): an old version of `_flce_kernels` against the
 current one, interleaved over rounds, plus the current kernel at other grid sizes (rows in
-flight: with fewer, a row's second pass is likelier to find it in L2). Checks the current
-kernel's outputs against the old one's (max abs difference of dlogits, lse, loss).
+flight: with fewer, a row's second pass is likelier to find it in L2) and without its L2
+eviction hints (`hints` of `_launch_ce`). Checks the current kernel's outputs
+against the old one's (max abs difference of dlogits, lse, loss).
 
-    PYTHONPATH=service python3 bench/flce_ce_ab.py --old DIR --out FILE
+    PYTHONPATH=service python3 bench/flce_ce_ab.py [--old DIR] --out FILE
 
 DIR holds the old kernels as `_old_flce_kernels.py` (e.g. `git show REV:service/kassay/kernels/
-_flce_kernels.py`); the launch arguments are those of the current `_launch_ce`.
+_flce_kernels.py`); the launch arguments are those of the current `_launch_ce`. Without --old
+the reference is the current kernel without hints.
 """
 
 from __future__ import annotations
@@ -26,36 +28,50 @@ from kassay.kernels import flce as kflce
 
 CHUNKS = [(1792, 128256, 8192), (960, 256000, 8192)]  # rows, V, rows of the whole batch
 GRIDS = [66, 99]  # programs (the shipped grid is one per SM)
+TOGGLES = {"no_hints": {"hints": False}}  # current kernel, L2 eviction hints off
 
 
 def main() -> int:
     ap = probe_parser(__doc__)
-    ap.add_argument("--old", type=Path, required=True)
+    ap.add_argument("--old", type=Path)
+    ap.add_argument("--grids", action="store_true", help="also time the grids of GRIDS")
     args = ap.parse_args()
-    sys.path.insert(0, str(args.old))
-    import _old_flce_kernels as old_k  # type: ignore[import-not-found]
+    old_kernel = None
+    if args.old:
+        sys.path.insert(0, str(args.old))
+        import _old_flce_kernels as old_k  # type: ignore[import-not-found]
 
+        old_kernel = old_k._ce_rows_kernel
     new_kernel = K._ce_rows_kernel
     out: dict = run_meta()
     for rows, v, n in CHUNKS:
         z0, t, scale, f32, z = ce_chunk(rows, v, n)
 
-        def run(kernel, programs=None, z=z, t=t, scale=scale, f32=f32, v=v):
+        def run(kernel, programs=None, kw=None, z=z, t=t, scale=scale, f32=f32, v=v):
             K._ce_rows_kernel = kernel
-            kflce._launch_ce(
-                z, t, *f32, scale, False, V=v, ignore_index=-100, label_smoothing=0.0,
-                z_loss_scale=0.0, softcap=None, compute_grad=True, programs=programs,
-            )  # fmt: skip
-            K._ce_rows_kernel = new_kernel
+            try:
+                kflce._launch_ce(
+                    z, t, *f32, scale, False, V=v, ignore_index=-100, label_smoothing=0.0,
+                    z_loss_scale=0.0, softcap=None, compute_grad=True, programs=programs,
+                    **(kw or {}),
+                )  # fmt: skip
+            finally:
+                K._ce_rows_kernel = new_kernel
 
-        variants = {"old": (old_k._ce_rows_kernel, None), "new": (new_kernel, None)}
-        variants.update({f"new_grid{p}": (new_kernel, p) for p in GRIDS})
+        variants: dict = {"new": (new_kernel, None, None)}
+        if old_kernel is not None:
+            variants["old"] = (old_kernel, None, {})
+        else:
+            variants["old"] = (new_kernel, None, TOGGLES["no_hints"])
+        variants.update({f"new_{k}": (new_kernel, None, kw) for k, kw in TOGGLES.items()})
+        if args.grids:
+            variants.update({f"new_grid{p}": (new_kernel, p, None) for p in GRIDS})
         key = f"{rows}x{v}"
         res: dict = {"ms": {}, "max_abs_diff_new_vs_old": {}}
         outs = {}
         for name in ("old", "new"):
             z.copy_(z0)
-            run(variants[name][0])
+            run(*variants[name])
             outs[name] = (z.float(), [a.clone() for a in f32])
         d = {"dlogits": float((outs["new"][0] - outs["old"][0]).abs().max())}
         for i, nm in enumerate(("loss", "zloss", "lse")):

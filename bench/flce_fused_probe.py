@@ -1,5 +1,6 @@
 """Probe: grad_x and grad_W of one chunk in ONE persistent Triton kernel, balanced so that no SM
-idles in grad_x's last wave (NOTES-flce.md, "What is left", item 1). Not used by kassay.
+idles in grad_x's last wave (NOTES-flce.md v7 "What is left" item 1; shipped since v8 as
+`_grads_tma_kernel`, launched by `kassay.kernels.flce._launch_grads`, which this times).
 
     grad_x [rows, H]  = dl [rows, V] @ W [V, H]          (bf16 out, one rounding, TMA store)
     C [V, H]         += scale * dl^T @ x [rows, H]        (float16 accumulator, TMA reduce-add)
@@ -20,95 +21,18 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import flce as kflce
-from kassay.kernels._flce_kernels import _tile_mn
 
 CHUNKS = [(1792, 4096, 128256), (960, 2304, 256000), (1024, 4096, 128256)]  # rows, H, V
-BM, BN, BK, GROUP_M, WARPS, STAGES = 128, 256, 64, 8, 8, 3
-
-
-@triton.jit
-def _fused_gradx_gradw_kernel(
-    dlx_desc,  # dl [rows, V], block [BM, BK] (grad_x's A)
-    w_desc,  # W [V, H], block [BK, BN]
-    gx_desc,  # grad_x [rows, H] bf16, block [BM, BN]
-    dlw_desc,  # dl [rows, V], block [BK, BM] (grad_W's A^T)
-    x_desc,  # x chunk [rows, H], block [BK, BN]
-    c_desc,  # C [V, H] float16, block [BM, BN // 2]
-    scale_ptr,
-    ROWS,
-    H,
-    V,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    scale = tl.load(scale_ptr)
-    # grad_x: M = rows, N = H, K = V
-    mx = tl.cdiv(ROWS, BM)
-    nx = tl.cdiv(H, BN)
-    kx = tl.cdiv(V, BK)
-    tx = mx * nx
-    for t in range(pid, tx, NUM_SMS):
-        pm, pn = _tile_mn(t, mx, GROUP_M * nx, GROUP_M)
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for ki in range(kx):
-            a = dlx_desc.load([pm * BM, ki * BK])
-            b = w_desc.load([ki * BK, pn * BN])
-            acc = tl.dot(a, b, acc)
-        gx_desc.store([pm * BM, pn * BN], acc.to(gx_desc.dtype))
-    # grad_W: M = V, N = H, K = rows
-    mw = tl.cdiv(V, BM)
-    nw = tl.cdiv(H, BN)
-    kw = tl.cdiv(ROWS, BK)
-    tw = mw * nw
-    rem = tx % NUM_SMS
-    light = NUM_SMS - rem  # CTAs with one grad_x tile fewer (all of them when rem == 0)
-    extra = 0
-    if rem > 0:
-        extra = tl.minimum(light * (kx // kw), tw)
-    # one loop over this CTA's grad_W tiles: its extra share (light CTAs), then the common ones
-    n_extra = 0
-    if (pid >= rem) & (rem > 0):
-        n_extra = tl.cdiv(tl.maximum(extra - (pid - rem), 0), light)
-    n_common = tl.cdiv(tl.maximum(tw - extra - pid, 0), NUM_SMS)
-    for i in tl.range(0, n_extra + n_common, flatten=True):
-        t = tl.where(i < n_extra, (pid - rem) + i * light, extra + pid + (i - n_extra) * NUM_SMS)
-        pm, pn = _tile_mn(t, mw, GROUP_M * nw, GROUP_M)
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for ki in range(kw):
-            a = dlw_desc.load([ki * BK, pm * BM])
-            b = x_desc.load([ki * BK, pn * BN])
-            acc = tl.dot(a.T, b, acc)
-        out = acc * scale
-        out = tl.permute(tl.reshape(out, (BM, 2, BN // 2)), (0, 2, 1))
-        o0, o1 = tl.split(out)
-        c_desc.atomic_add([pm * BM, pn * BN], o0.to(c_desc.dtype))
-        c_desc.atomic_add([pm * BM, pn * BN + BN // 2], o1.to(c_desc.dtype))
 
 
 def fused(dl, w, xc, gx, c, scale):
-    from triton.tools.tensor_descriptor import TensorDescriptor as TD
-
-    rows, v = dl.shape
-    h = w.shape[1]
-    sms = kflce._num_sms(dl.device.index or 0)
-    _fused_gradx_gradw_kernel[(sms,)](
-        TD.from_tensor(dl, [BM, BK]), TD.from_tensor(w, [BK, BN]), TD.from_tensor(gx, [BM, BN]),
-        TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
-        TD.from_tensor(c, [BM, BN // 2]), scale, rows, h, v,
-        BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms, num_warps=WARPS, num_stages=STAGES,
-    )  # fmt: skip
+    kflce._launch_grads(dl, w, gx, xc, c, scale, accumulate=True)
 
 
 def main() -> int:

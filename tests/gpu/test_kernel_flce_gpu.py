@@ -124,6 +124,82 @@ def test_gemm_tma_matches_plain_kernel(final, reduce, monkeypatch):
     assert rel_l2(outs[0], outs[1].double()) < (8e-3 if final else 1e-3)
 
 
+@pytest.mark.parametrize(
+    "rows,h,v",
+    # schedules: grad_W all in the light programs' extra share (and M, N, K tails); both the
+    # extra share and common tiles; no extra share (grad_x k-steps < grad_W k-steps)
+    [(1000, 520, 8200), (2176, 2048, 8192), (4096, 1024, 2048)],
+)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_grads_fused_kernel_matches_separate_kernels(rows, h, v, accumulate):
+    # one kernel for a chunk's grad_x and grad_W: grad_W bit-identical to the TMA grad_W kernel
+    # (same k order per tile), grad_x as accurate as cuBLAS's against float64
+    from kassay.kernels import flce as m
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    dl = (torch.randn(rows, v, device="cuda", generator=g) * 1e-2).to(torch.bfloat16)
+    w = (torch.randn(v, h, device="cuda", generator=g) / math.sqrt(h)).to(torch.bfloat16)
+    xc = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
+    c0 = (torch.randn(v, h, device="cuda", generator=g) * 4).half()
+    s = torch.tensor([0.5], device="cuda")
+    gx = torch.full((rows, h), float("nan"), device="cuda", dtype=torch.bfloat16)
+    c = c0.clone()
+    m._launch_grads(dl, w, gx, xc, c, s, accumulate)
+    c_ref = c0.clone()
+    m._launch_gemm_tn(dl, xc, c_ref, s, accumulate)
+    assert torch.equal(c, c_ref)
+    gx64 = dl.double() @ w.double()
+    assert rel_l2(gx, gx64) <= 1.05 * rel_l2(dl @ w, gx64) + 1e-6
+
+
+def test_grads_fused_path_in_flce(monkeypatch):
+    # chunks whose grad_x tiles overfill one wave of the SMs by a few: the first chunk's grad_x
+    # and grad_W run as one kernel storing the accumulator, the second adding to it, the third
+    # (deferred to backward) as before. Same loss and grad_W bits as the separate kernels.
+    from kassay.kernels import _flce_kernels as K
+    from kassay.kernels import flce as m
+
+    sms = m._num_sms(torch.cuda.current_device())
+    h, v = 2048, 8192
+    rows = 128 * (sms // 8 + 1)  # 8 * (sms // 8 + 1) grad_x tiles: sms + 1 ... sms + 8
+    n = 3 * rows
+    x, w, t, _ = _inputs(n, h, v, torch.bfloat16, False, 0.1, wscale=3.0)
+    budget = rows * v * 2
+    assert m.DEFER_LAST_GW
+    assert m.plan_rows(n, v, 2, budget) == rows
+    calls = []
+    launch = m._launch_grads
+
+    def counted(*a, **kw):
+        calls.append(kw["accumulate"])
+        launch(*a, **kw)
+
+    monkeypatch.setattr(m, "_launch_grads", counted)
+    outs = []
+    for fused in (True, False):
+        monkeypatch.setattr(K, "GRADS_FUSED", fused)
+        outs.append(_grads(x, w, t, budget))
+    monkeypatch.undo()
+    assert calls == [False, True]
+    (l1, gx1, gw1), (l2, gx2, gw2) = outs
+    assert torch.equal(l1, l2)
+    assert torch.equal(gw1, gw2)
+    assert rel_l2(gx1, gx2.double()) < 1e-2
+    go = torch.tensor(1.0, device="cuda")
+    check_against_reference(
+        x, w, t, None, go, ls=0.0, red="mean", cap=None, zls=0.0, budget=budget, factor=1.25,
+        floor=1e-4,
+    )  # fmt: skip
+
+
+def _grads(x, w, t, budget):
+    xr = x.detach().clone().requires_grad_()
+    wr = w.detach().clone().requires_grad_()
+    loss = flce_kernel()(xr, wr, t, memory_budget_bytes=budget)
+    loss.backward()
+    return loss.detach(), xr.grad, wr.grad
+
+
 @pytest.mark.parametrize("n,h,v", [(1, 64, 123), (37, 4097, 123), (64, 256, 50257)])
 def test_odd_shapes(n, h, v):
     _compare(n, h, v, torch.bfloat16, True, 0.0, 0.0, "mean", None, 0.0)

@@ -356,12 +356,14 @@ def test_ce_kernel_against_float64(v, ls, cap, zls):
     if cap is not None:
         d_ref = d_ref * (1 - (zc / cap) ** 2)
     d_ref = d_ref * torch.where(valid, scale.double(), 0.0)[:, None]
-    for pair in (False, True):
+    # with or without L2 eviction hints (ignored by the interpreter, but the code path compiles)
+    for pair, hints in [(False, False), (True, False), (True, True)]:
         z = z0.clone().to(DEV)
         loss, zl, lse = (torch.empty(n, device=DEV) for _ in range(3))
         kflce._launch_ce(
             z, t.to(DEV), loss, zl, lse, scale.to(DEV), True, V=v, ignore_index=II,
             label_smoothing=ls, z_loss_scale=zls, softcap=cap, compute_grad=True, pair=pair,
+            hints=hints,
         )  # fmt: skip
         torch.testing.assert_close(lse.cpu().double()[valid], lse_ref[valid], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(loss.cpu().double(), loss_ref, rtol=1e-5, atol=1e-5)

@@ -13,6 +13,8 @@ Kernels
   C's dtype (float32, or a power-of-two-scaled float16 accumulator for bfloat16 weights).
   `_gemm_tn_acc_tma_kernel` is its Hopper variant (persistent, TMA; the accumulating epilogue
   is a TMA bulk reduce-add).
+- `_grads_tma_kernel`: a chunk's grad_x = dlogits @ W and its grad_W GEMM in one persistent
+  Hopper kernel, balanced so that grad_x's last wave leaves no SM idle.
 - `_finalize_kernel`: out = (C * factor) cast to out's dtype; safe in place (out aliasing C)
   because every element is loaded before it is stored by the same program.
 
@@ -34,6 +36,14 @@ CE_LONG_ROW_V = 8192
 CE_CONFIG_LONG_GPU = (8192, 32, 1)
 CE_CONFIG_GPU = (4096, 16, 0)
 CE_PAIR = True
+# CE_L2_HINTS: pass 1 loads as evict_last, pass 2's loads and the dlogits stores as evict_first,
+# so the stream of consumed columns and of written gradients does not push out of L2 the
+# columns pass 2 has still to re-read (~132 rows in flight: 34 MB at V = 128256, 67 MB at
+# 256000). H200: 0.324 -> 0.303 ms per 1792 x 128256 chunk, 0.416 -> 0.375 per 960 x 256000.
+# Walking pass 2 backwards (it then starts on the columns read last) gained alone (0.316,
+# 0.375) but not on top of the hints (0.320, 0.373): not kept
+# (results/flce-ce-ab-h200-2026-12-02-l2.json).
+CE_L2_HINTS = True
 CE_BLOCK_V_INTERP = 64
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) for the grad_weight GEMM on Hopper.
@@ -52,6 +62,16 @@ GEMM_TMA_REDUCE = True
 # reduce-add epilogue does not, so these cannot take more stages.
 GEMM_TMA_RMW_CONFIG_GPU = (128, 256, 64, 8, 8, 3, 2, 1)
 GEMM_CONFIG_INTERP = (32, 32, 32, 4, 4, 1)
+# One persistent kernel for a chunk's grad_x and grad_W (`_grads_tma_kernel`), used on Hopper
+# when grad_x alone would end in a partly idle wave: grad_x tiles (BLOCK_M x BLOCK_N) fill at
+# least one wave of the SMs and the last wave at most GRADS_FUSED_MAX_LAST_WAVE of them. H200,
+# 1792 x 4096 x 128256 (224 tiles on 132 SMs, last wave 70%): 5.52-5.91 ms against 5.79-6.00
+# for cuBLAS grad_x + the TMA grad_W kernel; at one wave or less (1024 x 4096, 960 x 2304) it
+# was 1-3% slower (results/flce-fused-probe-h200-2026-12-02-r6.json).
+GRADS_FUSED = True
+GRADS_FUSED_MAX_LAST_WAVE = 0.75
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) of both halves of that kernel.
+GRADS_FUSED_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 
 FIN_BLOCK_GPU = 4096
 FIN_BLOCK_INTERP = 1024
@@ -95,6 +115,7 @@ def _ce_rows_kernel(
     COMPUTE_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PAIR: tl.constexpr,
+    HINTS: tl.constexpr,  # L2 eviction hints (see CE_L2_HINTS)
 ):
     # Instruction count matters here: on the H200 this kernel kept 70% of the issue slots busy
     # at V = 128256 (ncu), so the full steps of a row run without masks, in-row offsets are
@@ -118,12 +139,12 @@ def _ce_rows_kernel(
         for v0 in range(0, v_full, STEP):
             m_vec, s_vec, sum_z = _ce_stats_step(
                 z_row, v0, cols, V, m_vec, s_vec, sum_z, softcap,
-                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False, HINTS,
             )  # fmt: skip
         if v_full < V:
             m_vec, s_vec, sum_z = _ce_stats_step(
                 z_row, v_full, cols, V, m_vec, s_vec, sum_z, softcap,
-                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, True,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, True, HINTS,
             )  # fmt: skip
         m = tl.max(m_vec, axis=0)
         s = tl.sum(s_vec * tl.exp2((m_vec - m) * LOG2E), axis=0)
@@ -154,26 +175,29 @@ def _ce_rows_kernel(
             for v0 in range(0, v_full, STEP):
                 _ce_grad_step(
                     z_row, v0, cols, V, tgt_safe - v0, lse2, cg, eg, tg, softcap,
-                    HAS_SOFTCAP, PAIR, BLOCK_V, False,
+                    HAS_SOFTCAP, PAIR, BLOCK_V, False, HINTS,
                 )  # fmt: skip
             if v_full < V:
                 _ce_grad_step(
                     z_row, v_full, cols, V, tgt_safe - v_full, lse2, cg, eg, tg, softcap,
-                    HAS_SOFTCAP, PAIR, BLOCK_V, True,
+                    HAS_SOFTCAP, PAIR, BLOCK_V, True, HINTS,
                 )  # fmt: skip
 
 
 @triton.jit
-def _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr):
-    """One block of a logits row as float32 (softcapped): z, -inf past V when MASKED."""
+def _ce_load(
+    z_row, offs, V, softcap, HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr, EVICT: tl.constexpr
+):
+    """One block of a logits row as float32 (softcapped): z, -inf past V when MASKED.
+    EVICT: the load's L2 eviction policy ("" for the default)."""
     if MASKED:
         mask = offs < V
-        z = tl.load(z_row + offs, mask=mask, other=0.0).to(tl.float32)
+        z = tl.load(z_row + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
         if HAS_SOFTCAP:
             z = softcap * _tanh(z / softcap)
         z = tl.where(mask, z, float("-inf"))
     else:
-        z = tl.load(z_row + offs).to(tl.float32)
+        z = tl.load(z_row + offs, eviction_policy=EVICT).to(tl.float32)
         if HAS_SOFTCAP:
             z = softcap * _tanh(z / softcap)
     return z
@@ -183,13 +207,14 @@ def _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP: tl.constexpr, MASKED: tl.cons
 def _ce_stats_step(
     z_row, v0, cols, V, m_vec, s_vec, sum_z, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_LS: tl.constexpr, PAIR: tl.constexpr,
-    BLOCK_V: tl.constexpr, MASKED: tl.constexpr,
+    BLOCK_V: tl.constexpr, MASKED: tl.constexpr, HINTS: tl.constexpr,
 ):  # fmt: skip
     """Pass-1 update of the per-lane (max, sum of exp, sum of logits) by one (pair of) block(s)
     at column v0; masked lanes hold -inf (no exp mass) and add 0 to the logits sum."""
-    za = _ce_load(z_row, v0 + cols, V, softcap, HAS_SOFTCAP, MASKED)
+    EVICT: tl.constexpr = "evict_last" if HINTS else ""
+    za = _ce_load(z_row, v0 + cols, V, softcap, HAS_SOFTCAP, MASKED, EVICT)
     if PAIR:
-        zb = _ce_load(z_row, v0 + BLOCK_V + cols, V, softcap, HAS_SOFTCAP, MASKED)
+        zb = _ce_load(z_row, v0 + BLOCK_V + cols, V, softcap, HAS_SOFTCAP, MASKED, EVICT)
         m_new = tl.maximum(m_vec, tl.maximum(za, zb))
     else:
         zb = za
@@ -216,35 +241,39 @@ def _ce_stats_step(
 def _ce_grad_step(
     z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap,
     HAS_SOFTCAP: tl.constexpr, PAIR: tl.constexpr, BLOCK_V: tl.constexpr, MASKED: tl.constexpr,
+    HINTS: tl.constexpr,
 ):  # fmt: skip
     """Pass 2 on one (pair of) block(s) at column v0: dlogits written over the logits.
     tgt_rel: the target's column minus v0."""
-    _ce_grad_block(z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap, HAS_SOFTCAP, MASKED)
+    _ce_grad_block(
+        z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap, HAS_SOFTCAP, MASKED, HINTS
+    )
     if PAIR:
         _ce_grad_block(
             z_row, v0 + BLOCK_V, cols, V, tgt_rel - BLOCK_V, lse2, cg, eg, tg, softcap,
-            HAS_SOFTCAP, MASKED,
+            HAS_SOFTCAP, MASKED, HINTS,
         )  # fmt: skip
 
 
 @triton.jit
 def _ce_grad_block(
     z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap,
-    HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr, HINTS: tl.constexpr,
 ):  # fmt: skip
     """g · (p·coef − ε/V − (1−ε)·onehot) · (1 − tanh²) (the last factor with softcap only) of
     one block, as cg · p − eg − tg · onehot."""
+    EVICT: tl.constexpr = "evict_first" if HINTS else ""
     offs = v0 + cols
-    zc = _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP, MASKED)
+    zc = _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP, MASKED, EVICT)
     d = tl.exp2(zc * LOG2E - lse2) * cg - eg
     d = tl.where(cols == tgt_rel, d - tg, d)
     if HAS_SOFTCAP:
         th = zc / softcap
         d = d * (1.0 - th * th)
     if MASKED:
-        tl.store(z_row + offs, d.to(z_row.dtype.element_ty), mask=offs < V)
+        tl.store(z_row + offs, d.to(z_row.dtype.element_ty), mask=offs < V, eviction_policy=EVICT)
     else:
-        tl.store(z_row + offs, d.to(z_row.dtype.element_ty))
+        tl.store(z_row + offs, d.to(z_row.dtype.element_ty), eviction_policy=EVICT)
 
 
 @triton.jit
@@ -372,6 +401,82 @@ def _gemm_tn_acc_tma_kernel(
             )
         else:
             _tma_epilogue(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL, REDUCE)
+
+
+@triton.jit
+def _grads_tma_kernel(
+    dlx_desc,  # dlogits chunk [rows, V], block [BLOCK_M, BLOCK_K]: grad_x's A
+    w_desc,  # W [V, H], block [BLOCK_K, BLOCK_N]
+    gx_desc,  # grad_x rows of the chunk [rows, H] (x dtype), block [BLOCK_M, BLOCK_N]
+    dlw_desc,  # the same dlogits, block [BLOCK_K, BLOCK_M]: grad_W's A^T
+    x_desc,  # x chunk [rows, H], block [BLOCK_K, BLOCK_N]
+    c_desc,  # grad_W accumulator C [V, H], block [BLOCK_M, BLOCK_N // 2]
+    scale_ptr,  # float32 scalar: C (+)= scale * dl^T x
+    ROWS,
+    H,
+    V,
+    ACCUMULATE: tl.constexpr,  # False: the first chunk stores into C
+    REDUCE: tl.constexpr,  # the accumulating epilogue as a TMA reduce-add (GEMM_TMA_REDUCE)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    """grad_x = dl @ W (written, one rounding) and C (+)= scale * dl^T @ x for one row chunk, in
+    one persistent grid of NUM_SMS programs, so no SM idles in grad_x's last wave.
+
+    Schedule of program p: first its grad_x tiles (p, p + NUM_SMS, ...; every program starts
+    at k = 0 together, so they share dl and W in L2). grad_x has T tiles; the first T % NUM_SMS
+    programs get one more, so the others ("light") first take an extra share of grad_W tiles
+    (as many k-steps as the grad_x tile they lack), grid-strided among themselves; then every
+    program takes the remaining grad_W tiles grid-strided. Deterministic: no split-K, each
+    output element is written by one program, in the same k order as `_gemm_tn_acc_tma_kernel`
+    (grad_W is bit-identical to it)."""
+    pid = tl.program_id(0)
+    scale = tl.load(scale_ptr).to(tl.float32)
+    # grad_x: M = rows, N = H, K = V
+    mx = tl.cdiv(ROWS, BLOCK_M)
+    nx = tl.cdiv(H, BLOCK_N)
+    kx = tl.cdiv(V, BLOCK_K)
+    tx = mx * nx
+    for t in range(pid, tx, NUM_SMS):
+        pm, pn = _tile_mn(t, mx, GROUP_M * nx, GROUP_M)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for ki in range(kx):
+            a = dlx_desc.load([pm * BLOCK_M, ki * BLOCK_K])
+            b = w_desc.load([ki * BLOCK_K, pn * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        gx_desc.store([pm * BLOCK_M, pn * BLOCK_N], acc.to(gx_desc.dtype))
+    # grad_W: M = V, N = H, K = rows
+    mw = tl.cdiv(V, BLOCK_M)
+    nw = tl.cdiv(H, BLOCK_N)
+    kw = tl.cdiv(ROWS, BLOCK_K)
+    tw = mw * nw
+    rem = tx % NUM_SMS
+    light = NUM_SMS - rem
+    extra = 0
+    if rem > 0:
+        extra = tl.minimum(light * (kx // kw), tw)
+    n_extra = 0
+    if (pid >= rem) & (rem > 0):
+        n_extra = tl.cdiv(tl.maximum(extra - (pid - rem), 0), light)
+    n_common = tl.cdiv(tl.maximum(tw - extra - pid, 0), NUM_SMS)
+    for i in tl.range(0, n_extra + n_common, flatten=True):
+        t = tl.where(i < n_extra, (pid - rem) + i * light, extra + pid + (i - n_extra) * NUM_SMS)
+        pm, pn = _tile_mn(t, mw, GROUP_M * nw, GROUP_M)
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for ki in range(kw):
+            a = dlw_desc.load([ki * BLOCK_K, pm * BLOCK_M])
+            b = x_desc.load([ki * BLOCK_K, pn * BLOCK_N])
+            acc = tl.dot(a.T, b, acc)
+        out = acc * scale
+        out = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+        o0, o1 = tl.split(out)
+        om = pm * BLOCK_M
+        on = pn * BLOCK_N
+        _tma_epilogue(c_desc, c_desc, o0, om, on, 1.0, ACCUMULATE, False, REDUCE)
+        _tma_epilogue(c_desc, c_desc, o1, om, on + BLOCK_N // 2, 1.0, ACCUMULATE, False, REDUCE)
 
 
 @triton.jit

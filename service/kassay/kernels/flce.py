@@ -134,12 +134,13 @@ def _launch_ce(
     compute_grad,
     programs: int | None = None,
     pair: bool | None = None,
+    hints: bool | None = None,
 ):
     """Cross-entropy of a logits chunk z [n, V] (16-bit or float32), dlogits written over it.
 
     programs: grid size (rows are taken with a grid stride); default from the GPU launch
     configs in `_flce_kernels` (one program per row under the interpreter). pair: two blocks
-    per loop step (default `CE_PAIR`)."""
+    per loop step (default `CE_PAIR`); hints: L2 eviction hints (default `CE_L2_HINTS`)."""
     n = z.shape[0]
     if n == 0:
         return
@@ -179,6 +180,7 @@ def _launch_ce(
         COMPUTE_GRAD=compute_grad,
         BLOCK_V=block_v,
         PAIR=K.CE_PAIR if pair is None else pair,
+        HINTS=K.CE_L2_HINTS if hints is None else hints,
         num_warps=num_warps,
     )
 
@@ -273,6 +275,54 @@ def _launch_gemm_tn(a, b, c, scale, accumulate, out=None, fin=None):
         BLOCK_N=bn,
         BLOCK_K=bk,
         GROUP_M=gm,
+        num_warps=warps,
+        num_stages=stages,
+    )
+
+
+def _grads_fused_ok(z, w, gx, xc, acc) -> bool:
+    """Whether `_launch_grads` should run this chunk's grad_x and grad_W GEMMs as one kernel:
+    Hopper TMA operands, and a grad_x tile count whose last wave leaves SMs idle (at least one
+    full wave, the last one at most `GRADS_FUSED_MAX_LAST_WAVE` full)."""
+    # the fused kernel's shared memory has no room for a load-add-store epilogue's C tile
+    if not (K.GRADS_FUSED and K.GEMM_TMA_REDUCE) or not _tma_ok(z, w, gx, xc, acc):
+        return False
+    bm, bn = K.GRADS_FUSED_CONFIG_GPU[:2]
+    tiles = triton.cdiv(z.shape[0], bm) * triton.cdiv(w.shape[1], bn)
+    sms = _num_sms(z.device.index if z.device.index is not None else 0)
+    last = tiles % sms
+    return tiles >= sms and 0 < last <= K.GRADS_FUSED_MAX_LAST_WAVE * sms
+
+
+def _launch_grads(z, w, gx, xc, acc, scale, accumulate: bool) -> None:
+    """gx = z @ w and acc (+)= scale * z^T @ xc in one `_grads_tma_kernel` launch.
+
+    z [rows, V] dlogits, w [V, H], gx [rows, H] and xc [rows, H] 16-bit, acc [V, H] float16,
+    scale float32 [1]; callers check `_grads_fused_ok` first."""
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    rows, v = z.shape
+    h = w.shape[1]
+    bm, bn, bk, gm, warps, stages = K.GRADS_FUSED_CONFIG_GPU
+    sms = _num_sms(z.device.index if z.device.index is not None else 0)
+    K._grads_tma_kernel[(sms,)](
+        TD.from_tensor(z, [bm, bk]),
+        TD.from_tensor(w, [bk, bn]),
+        TD.from_tensor(gx, [bm, bn]),
+        TD.from_tensor(z, [bk, bm]),
+        TD.from_tensor(xc, [bk, bn]),
+        TD.from_tensor(acc, [bm, bn // 2]),
+        scale,
+        rows,
+        h,
+        v,
+        ACCUMULATE=accumulate,
+        REDUCE=K.GEMM_TMA_REDUCE,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        GROUP_M=gm,
+        NUM_SMS=sms,
         num_warps=warps,
         num_stages=stages,
     )
@@ -422,12 +472,22 @@ def _flce_pass(
             )
             if not compute_grad:
                 continue
-            if grad_x is not None:
-                torch.mm(z, w, out=grad_x[r0:r1])
             if grad_b is not None:
                 grad_b += z.sum(0, dtype=torch.float32)
+            deferred = gw is not None and gw.mode == "f16s" and DEFER_LAST_GW and i > 0 and r1 == n
+            if (
+                grad_x is not None
+                and gw is not None
+                and gw.mode == "f16s"
+                and not deferred
+                and _grads_fused_ok(z, w, grad_x[r0:r1], xc, gw.acc)
+            ):
+                _launch_grads(z, w, grad_x[r0:r1], xc, gw.acc, gw.scale, accumulate=i > 0)
+                continue
+            if grad_x is not None:
+                torch.mm(z, w, out=grad_x[r0:r1])
             if gw is not None:
-                if gw.mode == "f16s" and DEFER_LAST_GW and i > 0 and r1 == n:
+                if deferred:
                     gw.pending = (z, xc)  # run by gw.finalize (backward): fused conversion
                 else:
                     _accumulate_gw(gw, z, xc, first=i == 0)
