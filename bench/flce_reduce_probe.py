@@ -10,7 +10,8 @@ read-modify-write epilogue (C loaded into registers, added, stored), on the H200
            scaling (torch's mixed-dtype mul_ as before)
 
 Configurations: (name, GEMM_TMA_REDUCE, GEMM_TMA_CONFIG_GPU); --set epilogue (default) compares
-the epilogues, --set tiles the tile shape and GROUP_M under the reduce-add epilogue.
+the epilogues, --set tiles the tile shape and GROUP_M under the reduce-add epilogue, --set k
+BLOCK_K and the stage count.
 
     PYTHONPATH=service python3 bench/flce_reduce_probe.py --out FILE
 """
@@ -46,6 +47,14 @@ CONFIGS_TILES = [
     ("reduce_group4", True, (128, 256, 64, 4, 8, 3, 2, 1)),
     ("reduce_group16", True, (128, 256, 64, 16, 8, 3, 2, 1)),
     ("reduce_256x128", True, (256, 128, 64, 8, 8, 3, 2, 1)),
+]
+# --set k: BLOCK_K and stages (third run: 15 k-steps of 64 per tile at the second shape's
+# 960-row chunks, where the kernel is ~18% slower than the chunk's other two GEMMs)
+CONFIGS_K = [
+    ("reduce", True, RMW_CFG),
+    ("reduce_bk32_s5", True, (128, 256, 32, 8, 8, 5, 2, 1)),
+    ("reduce_bk32_s6", True, (128, 256, 32, 8, 8, 6, 2, 1)),
+    ("reduce_bk128_s2", True, (128, 256, 128, 8, 8, 2, 2, 1)),
 ]
 _SCALE = kflce._scale_
 
@@ -122,10 +131,12 @@ def fwdbwd(rounds: int) -> dict:
 def main() -> int:
     ap = probe_parser(__doc__)
     ap.add_argument("--parts", default="gemm,fwdbwd")
-    ap.add_argument("--set", choices=["epilogue", "tiles"], default="epilogue")
+    ap.add_argument("--set", choices=["epilogue", "tiles", "k"], default="epilogue")
     args = ap.parse_args()
     if args.set == "tiles":
         CONFIGS[:] = CONFIGS_TILES
+    elif args.set == "k":
+        CONFIGS[:] = CONFIGS_K
     out: dict = {
         **run_meta(),
         "configs": {name: [red, list(cfg)] for name, red, cfg in CONFIGS},

@@ -1,0 +1,248 @@
+"""Probe: what the grad_W kernel's per-tile epilogue costs (NOTES-flce.md v8). Not used by kassay.
+
+At the second shape's 960-row chunks the grad_W GEMM (C[V, H] += dl^T @ x, K = 960: 15 k-steps
+of 64 per 128 x 256 tile) takes ~2.0 ms against ~1.7 for the chunk's other two GEMMs (same
+FLOPs, cuBLAS); at 1792 rows (28 k-steps) the gap is smaller. This times a copy of the shipped
+TMA kernel's loop with its epilogue varied, on the same operands:
+
+  none      no output: the tile's max goes to a [tiles] sink (keeps the mainloop alive)
+  store2    C = tile, two TMA stores of 128 x 128 (the first chunk's epilogue)
+  reduce1   C += tile, one TMA reduce-add of 128 x 256
+  reduce2   C += tile, two TMA reduce-adds of 128 x 128 (shipped)
+  reduce4   C += tile, four TMA reduce-adds of 128 x 64
+
+against the shipped launcher and cuBLAS's logits (x @ W^T) and grad_x (dl @ W) GEMMs of the same
+chunk. If "none" is as slow as "reduce2", the gap is the mainloop's per-tile start and drain, not
+the epilogue's stores. Second run: `_gradw_deferred_kernel` keeps each finished tile in registers
+(float16) and issues its shared-memory store and TMA reduce-add inside the next tile's k-loop,
+after an MMA is issued (while the tensor cores work); variants in DEFERRED.
+
+    PYTHONPATH=service python3 bench/flce_epilogue_probe.py --out FILE
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
+
+from kassay.kernels import flce as kflce
+from kassay.kernels._flce_kernels import _tile_mn
+
+CHUNKS = [(960, 2304, 256000), (1792, 4096, 128256)]  # rows (K), H (N), V (M)
+BM, BN, BK, GROUP_M, WARPS, STAGES = 128, 256, 64, 8, 8, 3
+MODES = {"none": (0, 1), "store2": (1, 2), "reduce1": (2, 1), "reduce2": (2, 2), "reduce4": (2, 4)}
+# deferred epilogue (`_gradw_deferred_kernel`): (AT, FLATTEN, SPREAD); k_tiles >= 2 assumed
+DEFERRED = {
+    "deferred_at0": (0, False, False),
+    "deferred_at1": (1, False, False),
+    "deferred_at2": (2, False, False),
+    "deferred_at1_spread": (1, False, True),
+    "deferred_at2_spread": (2, False, True),
+    "deferred_at1_flat": (1, True, False),
+}
+
+
+@triton.jit
+def _store_parts(c_desc, out, om, on, MODE: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr):
+    """out [BM, BN // PARTS * PARTS] to C at (om, on) in PARTS column blocks (1, 2 or 4)."""
+    if PARTS == 1:
+        if MODE == 1:
+            c_desc.store([om, on], out.to(c_desc.dtype))
+        else:
+            c_desc.atomic_add([om, on], out.to(c_desc.dtype))
+    else:
+        h0, h1 = tl.split(
+            tl.permute(tl.reshape(out, (out.shape[0], 2, out.shape[1] // 2)), (0, 2, 1))
+        )
+        _store_parts(c_desc, h0, om, on, MODE, PARTS // 2, BN // 2)
+        _store_parts(c_desc, h1, om, on + BN // 2, MODE, PARTS // 2, BN // 2)
+
+
+@triton.jit
+def _gradw_epilogue_kernel(
+    a_desc,  # dl [K, M], block [BK, BM]
+    b_desc,  # x [K, N], block [BK, BN]
+    c_desc,  # C [M, N] float16, block [BM, BN // PARTS]
+    sink_ptr,  # float32 [tiles] (MODE 0)
+    scale_ptr,
+    M,
+    N,
+    K,
+    MODE: tl.constexpr,  # 0 none, 1 store, 2 reduce-add
+    PARTS: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    num_tiles = num_pid_m * num_pid_n
+    num_in_group = GROUP_M * num_pid_n
+    scale = tl.load(scale_ptr)
+    tile_id_c = start_pid - NUM_SMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([ki * BK, pid_m * BM])
+            b = b_desc.load([ki * BK, pid_n * BN])
+            acc = tl.dot(a.T, b, acc)
+        tile_id_c += NUM_SMS
+        pm, pn = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
+        out = acc * scale
+        if MODE == 0:
+            tl.store(sink_ptr + tile_id_c, tl.max(tl.max(out, axis=1), axis=0))
+        else:
+            _store_parts(c_desc, out, pm * BM, pn * BN, MODE, PARTS, BN)
+
+
+@triton.jit
+def _gradw_deferred_kernel(
+    a_desc,  # dl [K, M], block [BK, BM]
+    b_desc,  # x [K, N], block [BK, BN]
+    c_desc,  # C [M, N] float16, block [BM, BN // 2]
+    scale_ptr,
+    M,
+    N,
+    K,
+    AT: tl.constexpr,  # k-step of the next tile after whose MMA issue the store goes out
+    FLATTEN: tl.constexpr,
+    SPREAD: tl.constexpr,  # the second half one k-step later
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    """C += scale * A^T B with each tile's epilogue (shared-memory store + TMA reduce-add)
+    deferred into the next tile's k-loop, after the MMA of k-step AT is issued, so it runs while
+    the tensor cores work; the tile waits in registers as float16 (64 per thread)."""
+    start_pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BM)
+    num_pid_n = tl.cdiv(N, BN)
+    k_tiles = tl.cdiv(K, BK)
+    num_tiles = num_pid_m * num_pid_n
+    num_in_group = GROUP_M * num_pid_n
+    scale = tl.load(scale_ptr)
+    prev = tl.zeros([BM, BN], dtype=c_desc.dtype)
+    om_p = 0
+    on_p = 0
+    has_prev = False
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=FLATTEN):
+        pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([ki * BK, pid_m * BM])
+            b = b_desc.load([ki * BK, pid_n * BN])
+            acc = tl.dot(a.T, b, acc)
+            p0, p1 = tl.split(tl.permute(tl.reshape(prev, (BM, 2, BN // 2)), (0, 2, 1)))
+            if SPREAD:
+                if (ki == tl.minimum(AT, k_tiles - 2)) & has_prev:
+                    c_desc.atomic_add([om_p, on_p], p0)
+                if (ki == tl.minimum(AT + 1, k_tiles - 1)) & has_prev:
+                    c_desc.atomic_add([om_p, on_p + BN // 2], p1)
+            else:
+                if (ki == tl.minimum(AT, k_tiles - 1)) & has_prev:
+                    c_desc.atomic_add([om_p, on_p], p0)
+                    c_desc.atomic_add([om_p, on_p + BN // 2], p1)
+        prev = (acc * scale).to(c_desc.dtype)
+        om_p = pid_m * BM
+        on_p = pid_n * BN
+        has_prev = True
+    if has_prev:
+        p0, p1 = tl.split(tl.permute(tl.reshape(prev, (BM, 2, BN // 2)), (0, 2, 1)))
+        c_desc.atomic_add([om_p, on_p], p0)
+        c_desc.atomic_add([om_p, on_p + BN // 2], p1)
+
+
+def launch_deferred(dl, xc, c, scale, at, flatten, spread):
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    k, m = dl.shape
+    n = xc.shape[1]
+    sms = kflce._num_sms(dl.device.index or 0)
+    _gradw_deferred_kernel[(sms,)](
+        TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
+        TD.from_tensor(c, [BM, BN // 2]), scale, m, n, k,
+        AT=at, FLATTEN=flatten, SPREAD=spread, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms,
+        num_warps=WARPS, num_stages=STAGES,
+    )  # fmt: skip
+
+
+def launch(dl, xc, c, sink, scale, mode, parts):
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    k, m = dl.shape
+    n = xc.shape[1]
+    sms = kflce._num_sms(dl.device.index or 0)
+    _gradw_epilogue_kernel[(sms,)](
+        TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
+        TD.from_tensor(c, [BM, BN // parts]), sink, scale, m, n, k,
+        MODE=mode, PARTS=parts, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms,
+        num_warps=WARPS, num_stages=STAGES,
+    )  # fmt: skip
+
+
+def main() -> int:
+    args = probe_parser(__doc__).parse_args()
+    out: dict = run_meta()
+    for rows, h, v in CHUNKS:
+        g, dl, w = grad_x_operands(rows, h, v, seed=7, dl_scale=1e-2)
+        xc = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
+        c0 = (torch.randn(v, h, device="cuda", generator=g) * 4).half()
+        scale = torch.full((1,), 0.5, device="cuda")
+        sink = torch.empty(triton.cdiv(v, BM) * triton.cdiv(h, BN), device="cuda")
+        key = f"{rows}x{h}x{v}"
+        res: dict = {"max_abs_diff_vs_shipped": {}}
+        c_ref = c0.clone()
+        kflce._launch_gemm_tn(dl, xc, c_ref, scale, True)
+        for name, (mode, parts) in MODES.items():
+            if mode != 2:
+                continue
+            c = c0.clone()
+            launch(dl, xc, c, sink, scale, mode, parts)
+            res["max_abs_diff_vs_shipped"][name] = float((c.float() - c_ref.float()).abs().max())
+        for name, d in DEFERRED.items():
+            c = c0.clone()
+            launch_deferred(dl, xc, c, scale, *d)
+            res["max_abs_diff_vs_shipped"][name] = float((c.float() - c_ref.float()).abs().max())
+        print(key, res, flush=True)
+        c = c0.clone()
+        c_ref = None
+        gx = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
+        z = torch.empty(rows, v, device="cuda", dtype=torch.bfloat16)
+        fns = {
+            f"epi_{name}": (lambda mp=mp: launch(dl, xc, c, sink, scale, *mp))  # noqa: B023
+            for name, mp in MODES.items()
+        }
+        fns.update(
+            {
+                name: (lambda d=d: launch_deferred(dl, xc, c, scale, *d))  # noqa: B023
+                for name, d in DEFERRED.items()
+            }
+        )
+        fns["shipped_grad_W"] = lambda: kflce._launch_gemm_tn(dl, xc, c, scale, True)  # noqa: B023
+        fns["cublas_logits"] = lambda: torch.mm(xc, w.t(), out=z)  # noqa: B023
+        fns["cublas_grad_x"] = lambda: torch.mm(dl, w, out=gx)  # noqa: B023
+        res["ms"] = time_rounds(fns, args.rounds, key)
+        out[key] = res
+        dl = w = xc = c0 = c = gx = z = None
+        torch.cuda.empty_cache()
+    save(out, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
