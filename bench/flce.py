@@ -89,6 +89,16 @@ def grad_x_operands(rows, h, v, seed, dl_scale):
     return g, dl, w
 
 
+def grads_operands(rows, h, v, seed):
+    """A chunk's gradient-GEMM operands: (dl [rows, v], w [v, h], x chunk [rows, h]) bf16 as in
+    `grad_x_operands` (dl scale 1e-2), a float16 accumulator c0 [v, h] ~ N(0, 16) and the
+    float32 scale 0.5 [1]."""
+    g, dl, w = grad_x_operands(rows, h, v, seed=seed, dl_scale=1e-2)
+    xc = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
+    c0 = (torch.randn(v, h, device="cuda", generator=g) * 4).half()
+    return dl, w, xc, c0, torch.full((1,), 0.5, device="cuda")
+
+
 def ce_chunk(rows, v, n, seed=5):
     """One CE-kernel chunk: bf16 logits z0 [rows, v] (~N(0, 4)), targets (every 10th ignored),
     the mean-reduction row factor 1/n, three float32 row outputs and a work buffer like z0."""

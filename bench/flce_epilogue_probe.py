@@ -31,7 +31,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
+from flce import grads_operands, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import flce as kflce
 from kassay.kernels._flce_kernels import _tile_mn
@@ -147,62 +147,52 @@ def _gradw_deferred_kernel(
             a = a_desc.load([ki * BK, pid_m * BM])
             b = b_desc.load([ki * BK, pid_n * BN])
             acc = tl.dot(a.T, b, acc)
-            p0, p1 = tl.split(tl.permute(tl.reshape(prev, (BM, 2, BN // 2)), (0, 2, 1)))
             if SPREAD:
+                p0, p1 = tl.split(tl.permute(tl.reshape(prev, (BM, 2, BN // 2)), (0, 2, 1)))
                 if (ki == tl.minimum(AT, k_tiles - 2)) & has_prev:
                     c_desc.atomic_add([om_p, on_p], p0)
                 if (ki == tl.minimum(AT + 1, k_tiles - 1)) & has_prev:
                     c_desc.atomic_add([om_p, on_p + BN // 2], p1)
             else:
                 if (ki == tl.minimum(AT, k_tiles - 1)) & has_prev:
-                    c_desc.atomic_add([om_p, on_p], p0)
-                    c_desc.atomic_add([om_p, on_p + BN // 2], p1)
+                    _store_parts(c_desc, prev, om_p, on_p, 2, 2, BN)
         prev = (acc * scale).to(c_desc.dtype)
         om_p = pid_m * BM
         on_p = pid_n * BN
         has_prev = True
     if has_prev:
-        p0, p1 = tl.split(tl.permute(tl.reshape(prev, (BM, 2, BN // 2)), (0, 2, 1)))
-        c_desc.atomic_add([om_p, on_p], p0)
-        c_desc.atomic_add([om_p, on_p + BN // 2], p1)
+        _store_parts(c_desc, prev, om_p, on_p, 2, 2, BN)
+
+
+def _launch(kernel, dl, xc, c, parts, *args, **constexprs):
+    """kernel over dl [K, M], x [K, N] and C [M, N] in blocks of BN // parts columns; args go
+    between C's descriptor and M, N, K."""
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    k, m = dl.shape
+    n = xc.shape[1]
+    sms = kflce._num_sms(dl.device.index or 0)
+    kernel[(sms,)](
+        TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
+        TD.from_tensor(c, [BM, BN // parts]), *args, m, n, k,
+        BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms, num_warps=WARPS, num_stages=STAGES,
+        **constexprs,
+    )  # fmt: skip
 
 
 def launch_deferred(dl, xc, c, scale, at, flatten, spread):
-    from triton.tools.tensor_descriptor import TensorDescriptor as TD
-
-    k, m = dl.shape
-    n = xc.shape[1]
-    sms = kflce._num_sms(dl.device.index or 0)
-    _gradw_deferred_kernel[(sms,)](
-        TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
-        TD.from_tensor(c, [BM, BN // 2]), scale, m, n, k,
-        AT=at, FLATTEN=flatten, SPREAD=spread, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms,
-        num_warps=WARPS, num_stages=STAGES,
-    )  # fmt: skip
+    _launch(_gradw_deferred_kernel, dl, xc, c, 2, scale, AT=at, FLATTEN=flatten, SPREAD=spread)
 
 
 def launch(dl, xc, c, sink, scale, mode, parts):
-    from triton.tools.tensor_descriptor import TensorDescriptor as TD
-
-    k, m = dl.shape
-    n = xc.shape[1]
-    sms = kflce._num_sms(dl.device.index or 0)
-    _gradw_epilogue_kernel[(sms,)](
-        TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
-        TD.from_tensor(c, [BM, BN // parts]), sink, scale, m, n, k,
-        MODE=mode, PARTS=parts, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms,
-        num_warps=WARPS, num_stages=STAGES,
-    )  # fmt: skip
+    _launch(_gradw_epilogue_kernel, dl, xc, c, parts, sink, scale, MODE=mode, PARTS=parts)
 
 
 def main() -> int:
     args = probe_parser(__doc__).parse_args()
     out: dict = run_meta()
     for rows, h, v in CHUNKS:
-        g, dl, w = grad_x_operands(rows, h, v, seed=7, dl_scale=1e-2)
-        xc = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
-        c0 = (torch.randn(v, h, device="cuda", generator=g) * 4).half()
-        scale = torch.full((1,), 0.5, device="cuda")
+        dl, w, xc, c0, scale = grads_operands(rows, h, v, seed=7)
         sink = torch.empty(triton.cdiv(v, BM) * triton.cdiv(h, BN), device="cuda")
         key = f"{rows}x{h}x{v}"
         res: dict = {"max_abs_diff_vs_shipped": {}}

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
+from flce import grads_operands, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import flce as kflce
 
@@ -39,10 +39,7 @@ def main() -> int:
     args = probe_parser(__doc__).parse_args()
     out: dict = run_meta()
     for rows, h, v in CHUNKS:
-        g, dl, w = grad_x_operands(rows, h, v, seed=6, dl_scale=1e-2)
-        xc = torch.randn(rows, h, device="cuda", generator=g).to(torch.bfloat16)
-        c0 = (torch.randn(v, h, device="cuda", generator=g) * 4).half()
-        scale = torch.full((1,), 0.5, device="cuda")
+        dl, w, xc, c0, scale = grads_operands(rows, h, v, seed=6)
         gx = torch.empty(rows, h, device="cuda", dtype=torch.bfloat16)
         c = c0.clone()
         key = f"{rows}x{h}x{v}"
