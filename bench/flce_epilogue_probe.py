@@ -15,14 +15,19 @@ against the shipped launcher and cuBLAS's logits (x @ W^T) and grad_x (dl @ W) G
 chunk. If "none" is as slow as "reduce2", the gap is the mainloop's per-tile start and drain, not
 the epilogue's stores. Second run: `_gradw_deferred_kernel` keeps each finished tile in registers
 (float16) and issues its shared-memory store and TMA reduce-add inside the next tile's k-loop,
-after an MMA is issued (while the tensor cores work); variants in DEFERRED.
+after an MMA is issued (while the tensor cores work); variants in DEFERRED. --clocks S: each of
+CLOCKED run back-to-back for S seconds with the SM clock and board power sampled per window
+(does the accumulator traffic cost time through the power limit?).
 
     PYTHONPATH=service python3 bench/flce_epilogue_probe.py --out FILE
 """
 
 from __future__ import annotations
 
+import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -188,8 +193,59 @@ def launch(dl, xc, c, sink, scale, mode, parts):
     _launch(_gradw_epilogue_kernel, dl, xc, c, parts, sink, scale, MODE=mode, PARTS=parts)
 
 
+CLOCKED = ["epi_none", "epi_store2", "epi_reduce2", "cublas_logits"]
+
+
+def clocked(fns: dict, seconds: float) -> dict:
+    """{name: {ms, sm_mhz, watts, samples}}: each of CLOCKED run back-to-back for 1 + `seconds`
+    s while nvidia-smi samples the SM clock and board power every 100 ms in the background
+    (medians over the samples after the first second; ms = mean per call over the whole run),
+    with a pause between runs so each starts from a similar state."""
+    res = {}
+    for name in CLOCKED:
+        fn = fns[name]
+        smi = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+             "-lms", "100"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        calls = 0
+        s.record()
+        t_end = time.perf_counter() + 1.0 + seconds
+        while time.perf_counter() < t_end:
+            for _ in range(20):
+                fn()
+            calls += 20
+            torch.cuda.synchronize()
+        e.record()
+        e.synchronize()
+        smi.terminate()
+        lines = smi.communicate()[0].strip().splitlines()
+        samples = []
+        for line in lines[int(len(lines) / (1.0 + seconds)) :]:
+            try:
+                samples.append([float(v) for v in line.split(",")])
+            except ValueError:
+                continue
+        res[name] = {
+            "ms": round(s.elapsed_time(e) / calls, 4),
+            "sm_mhz": statistics.median(x[0] for x in samples) if samples else None,
+            "watts": statistics.median(x[1] for x in samples) if samples else None,
+            "samples": len(samples),
+        }
+        print("clocked", name, res[name], flush=True)
+        time.sleep(3)
+    return res
+
+
 def main() -> int:
-    args = probe_parser(__doc__).parse_args()
+    ap = probe_parser(__doc__)
+    ap.add_argument("--clocks", type=float, default=0.0, help="seconds per clocked run (0: off)")
+    ap.add_argument("--no-deferred", action="store_true")
+    args = ap.parse_args()
+    if args.no_deferred:
+        DEFERRED.clear()
     out: dict = run_meta()
     for rows, h, v in CHUNKS:
         dl, w, xc, c0, scale = grads_operands(rows, h, v, seed=7)
@@ -227,6 +283,8 @@ def main() -> int:
         fns["cublas_logits"] = lambda: torch.mm(xc, w.t(), out=z)  # noqa: B023
         fns["cublas_grad_x"] = lambda: torch.mm(dl, w, out=gx)  # noqa: B023
         res["ms"] = time_rounds(fns, args.rounds, key)
+        if args.clocks > 0:
+            res["clocked"] = clocked(fns, args.clocks)
         out[key] = res
         dl = w = xc = c0 = c = gx = z = None
         torch.cuda.empty_cache()
