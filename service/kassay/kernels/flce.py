@@ -14,6 +14,10 @@ Plan (counted in bench/NOTES-flce.md). For each chunk of `rows` rows:
                                               epilogue hands the add to the TMA unit: a bulk
                                               reduce-add in L2, no C load on the SM)
   5. grad_b += column sums of dlogits        float32
+On Hopper, when grad_x's 128 x 256 tiles would end in a partly idle wave of the SMs (1792 x 4096:
+224 tiles on 132 SMs), steps 3 and 4 run as one persistent Triton kernel (`_grads_tma_kernel`):
+grad_x tiles first, then grad_W tiles, with the programs that had one grad_x tile fewer taking
+more grad_W tiles, so every SM finishes together (grad_W bit-identical to step 4's kernel).
 Gradients are computed in forward (reduction mean/sum) and only scaled by grad_output in
 backward; for reduction='none' the forward computes losses only and the backward re-runs the
 pass with the per-row grad_output folded into dlogits (2·N·H·V more FLOP, but exact per row).
