@@ -6,6 +6,9 @@ temperature, so only measurements of the same run compare).
 
 DIR holds the old version as `old_flce.py` + `_old_flce_kernels.py` (old_flce importing the
 kernels as `import _old_flce_kernels as K`), e.g. from `git show REV:service/kassay/kernels/...`.
+Instead of --old, `--toggle FLAG` takes as "old" the current code with the boolean tuning
+constant FLAG of `_flce_kernels` switched off (e.g. GRADS_FUSED); `--shapes "N,H,V N,H,V"`
+replaces the two target shapes.
 """
 
 from __future__ import annotations
@@ -17,24 +20,51 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flce import SHAPES, make_inputs, measure, probe_parser, run_meta, save
 
+from kassay.kernels import _flce_kernels as K
 from kassay.kernels import flce as kflce
+
+
+def _with_flag_off(fn, flag: str):
+    def run(*args, **kwargs):
+        old = getattr(K, flag)
+        setattr(K, flag, False)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            setattr(K, flag, old)
+
+    return run
 
 
 def main() -> int:
     ap = probe_parser(__doc__)
-    ap.add_argument("--old", type=Path, required=True)
+    old_src = ap.add_mutually_exclusive_group(required=True)
+    old_src.add_argument("--old", type=Path)
+    old_src.add_argument("--toggle", help="a boolean constant of _flce_kernels, off for 'old'")
     ap.add_argument("--old-rev", default="")
+    ap.add_argument("--shapes", help='"N,H,V N,H,V" (default: the two target shapes)')
     args = ap.parse_args()
-    sys.path.insert(0, str(args.old))
-    import old_flce  # type: ignore[import-not-found]
+    new = kflce.fused_linear_cross_entropy
+    if args.toggle:
+        assert isinstance(getattr(K, args.toggle), bool), args.toggle
+        old = _with_flag_off(new, args.toggle)
+    else:
+        sys.path.insert(0, str(args.old))
+        import old_flce  # type: ignore[import-not-found]
+
+        old = old_flce.fused_linear_cross_entropy
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [tuple(int(d) for d in sh.split(",")) for sh in args.shapes.split()]
 
     out: dict = {
         **run_meta(),
         "old_rev": args.old_rev,
+        "toggle": args.toggle,
         "ms_tflops_gib": {},
     }
-    versions = {"old": old_flce.fused_linear_cross_entropy, "new": kflce.fused_linear_cross_entropy}
-    for n, h, v in SHAPES:
+    versions = {"old": old, "new": new}
+    for n, h, v in shapes:
         x, w, t = make_inputs(n, h, v)
         flop = 6 * n * h * v
         res = out["ms_tflops_gib"].setdefault(f"{n},{h},{v}", {})
