@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from flce_reference import II, check_against_reference, flce_kernel, rel_l2
+from flce_reference import II, check_against_reference, flce_kernel, rel_l2, run_grads
 
 pytestmark = [
     pytest.mark.gpu,
@@ -152,10 +152,12 @@ def test_grads_fused_kernel_matches_separate_kernels(rows, h, v, accumulate):
     assert rel_l2(gx, gx64) <= 1.05 * rel_l2(dl @ w, gx64) + 1e-6
 
 
-def test_grads_fused_path_in_flce(monkeypatch):
+@pytest.mark.parametrize("red,bias", [("mean", False), ("none", True)])
+def test_grads_fused_path_in_flce(red, bias, monkeypatch):
     # chunks whose grad_x tiles overfill one wave of the SMs by a few: the first chunk's grad_x
     # and grad_W run as one kernel storing the accumulator, the second adding to it, the third
     # (deferred to backward) as before. Same loss and grad_W bits as the separate kernels.
+    # reduction='none' runs the pass in backward with per-row grad_output (and a bias gradient).
     from kassay.kernels import _flce_kernels as K
     from kassay.kernels import flce as m
 
@@ -163,7 +165,8 @@ def test_grads_fused_path_in_flce(monkeypatch):
     h, v = 2048, 8192
     rows = 128 * (sms // 8 + 1)  # 8 * (sms // 8 + 1) grad_x tiles: sms + 1 ... sms + 8
     n = 3 * rows
-    x, w, t, _ = _inputs(n, h, v, torch.bfloat16, False, 0.1, wscale=3.0)
+    x, w, t, b = _inputs(n, h, v, torch.bfloat16, bias, 0.1, wscale=3.0)
+    go = torch.rand(n, device="cuda") + 0.5 if red == "none" else torch.tensor(1.0, device="cuda")
     budget = rows * v * 2
     assert m.DEFER_LAST_GW
     assert m.plan_rows(n, v, 2, budget) == rows
@@ -178,26 +181,26 @@ def test_grads_fused_path_in_flce(monkeypatch):
     outs = []
     for fused in (True, False):
         monkeypatch.setattr(K, "GRADS_FUSED", fused)
-        outs.append(_grads(x, w, t, budget))
+        outs.append(
+            run_grads(lambda xx, ww, tt, bb: _fwd(xx, ww, tt, bb, red, budget), x, w, t, b, go)
+        )
     monkeypatch.undo()
     assert calls == [False, True]
-    (l1, gx1, gw1), (l2, gx2, gw2) = outs
+    (l1, _, gx1, gw1, gb1), (l2, _, gx2, gw2, gb2) = outs
     assert torch.equal(l1, l2)
     assert torch.equal(gw1, gw2)
     assert rel_l2(gx1, gx2.double()) < 1e-2
-    go = torch.tensor(1.0, device="cuda")
+    if bias:
+        assert torch.equal(gb1, gb2)
     check_against_reference(
-        x, w, t, None, go, ls=0.0, red="mean", cap=None, zls=0.0, budget=budget, factor=1.25,
+        x, w, t, b, go, ls=0.0, red=red, cap=None, zls=0.0, budget=budget, factor=1.25,
         floor=1e-4,
     )  # fmt: skip
 
 
-def _grads(x, w, t, budget):
-    xr = x.detach().clone().requires_grad_()
-    wr = w.detach().clone().requires_grad_()
-    loss = flce_kernel()(xr, wr, t, memory_budget_bytes=budget)
-    loss.backward()
-    return loss.detach(), xr.grad, wr.grad
+def _fwd(x, w, t, b, red, budget):
+    """(loss, z_loss) of kassay's flce with the given reduction and memory budget."""
+    return flce_kernel()(x, w, t, b, reduction=red, return_z_loss=True, memory_budget_bytes=budget)
 
 
 @pytest.mark.parametrize("n,h,v", [(1, 64, 123), (37, 4097, 123), (64, 256, 50257)])
