@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flce import grads_operands, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import flce as kflce
-from kassay.kernels._flce_kernels import _tile_mn
+from kassay.kernels._flce_kernels import _tile_grid, _tile_mn
 
 CHUNKS = [(960, 2304, 256000), (1792, 4096, 128256)]  # rows (K), H (N), V (M)
 BM, BN, BK, GROUP_M, WARPS, STAGES = 128, 256, 64, 8, 8, 3
@@ -90,11 +90,7 @@ def _gradw_epilogue_kernel(
     NUM_SMS: tl.constexpr,
 ):
     start_pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BM)
-    num_pid_n = tl.cdiv(N, BN)
-    k_tiles = tl.cdiv(K, BK)
-    num_tiles = num_pid_m * num_pid_n
-    num_in_group = GROUP_M * num_pid_n
+    num_pid_m, num_in_group, num_tiles, k_tiles = _tile_grid(M, N, K, BM, BN, BK, GROUP_M)
     scale = tl.load(scale_ptr)
     tile_id_c = start_pid - NUM_SMS
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
@@ -135,11 +131,7 @@ def _gradw_deferred_kernel(
     deferred into the next tile's k-loop, after the MMA of k-step AT is issued, so it runs while
     the tensor cores work; the tile waits in registers as float16 (64 per thread)."""
     start_pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BM)
-    num_pid_n = tl.cdiv(N, BN)
-    k_tiles = tl.cdiv(K, BK)
-    num_tiles = num_pid_m * num_pid_n
-    num_in_group = GROUP_M * num_pid_n
+    num_pid_m, num_in_group, num_tiles, k_tiles = _tile_grid(M, N, K, BM, BN, BK, GROUP_M)
     scale = tl.load(scale_ptr)
     prev = tl.zeros([BM, BN], dtype=c_desc.dtype)
     om_p = 0

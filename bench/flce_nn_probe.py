@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import flce as kflce
-from kassay.kernels._flce_kernels import _tile_mn
+from kassay.kernels._flce_kernels import _tile_grid, _tile_mn
 
 # (rows, H, V): grad_x of one chunk, dlogits [rows, V] @ W [V, H]
 SHAPES = [(1792, 4096, 128256), (1024, 4096, 128256), (960, 2304, 256000)]
@@ -50,11 +50,9 @@ def _gemm_nn_tma_kernel(
     NUM_SMS: tl.constexpr,
 ):
     start_pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_tiles = num_pid_m * num_pid_n
-    num_in_group = GROUP_M * num_pid_n
+    num_pid_m, num_in_group, num_tiles, k_tiles = _tile_grid(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
+    )
     tile_id_c = start_pid - NUM_SMS
     for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
         pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)

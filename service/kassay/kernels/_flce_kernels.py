@@ -366,11 +366,9 @@ def _gemm_tn_acc_tma_kernel(
     tile's epilogue (REDUCE: C += tile as a TMA bulk reduce-add; else C loaded, added, stored).
     Out-of-bounds TMA reads are zero, stores and reduce-adds are clipped."""
     start_pid = tl.program_id(0)
-    num_pid_m = tl.cdiv(M, BLOCK_M)
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    num_tiles = num_pid_m * num_pid_n
-    num_in_group = GROUP_M * num_pid_n
+    num_pid_m, num_in_group, num_tiles, k_tiles = _tile_grid(
+        M, N, K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M
+    )
     scale = tl.load(scale_ptr).to(tl.float32)
     fin = 1.0
     if FINAL:
@@ -393,12 +391,7 @@ def _gemm_tn_acc_tma_kernel(
         on_c = pid_n_c * BLOCK_N
         out = acc * scale
         if EPI_SPLIT == 2:
-            out = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-            o0, o1 = tl.split(out)
-            _tma_epilogue(c_desc, o_desc, o0, om_c, on_c, fin, ACCUMULATE, FINAL, REDUCE)
-            _tma_epilogue(
-                c_desc, o_desc, o1, om_c, on_c + BLOCK_N // 2, fin, ACCUMULATE, FINAL, REDUCE
-            )
+            _tma_epilogue_halves(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL, REDUCE)
         else:
             _tma_epilogue(c_desc, o_desc, out, om_c, on_c, fin, ACCUMULATE, FINAL, REDUCE)
 
@@ -436,12 +429,9 @@ def _grads_tma_kernel(
     pid = tl.program_id(0)
     scale = tl.load(scale_ptr).to(tl.float32)
     # grad_x: M = rows, N = H, K = V
-    mx = tl.cdiv(ROWS, BLOCK_M)
-    nx = tl.cdiv(H, BLOCK_N)
-    kx = tl.cdiv(V, BLOCK_K)
-    tx = mx * nx
+    mx, gx_group, tx, kx = _tile_grid(ROWS, H, V, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     for t in range(pid, tx, NUM_SMS):
-        pm, pn = _tile_mn(t, mx, GROUP_M * nx, GROUP_M)
+        pm, pn = _tile_mn(t, mx, gx_group, GROUP_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for ki in range(kx):
             a = dlx_desc.load([pm * BLOCK_M, ki * BLOCK_K])
@@ -449,10 +439,7 @@ def _grads_tma_kernel(
             acc = tl.dot(a, b, acc)
         gx_desc.store([pm * BLOCK_M, pn * BLOCK_N], acc.to(gx_desc.dtype))
     # grad_W: M = V, N = H, K = rows
-    mw = tl.cdiv(V, BLOCK_M)
-    nw = tl.cdiv(H, BLOCK_N)
-    kw = tl.cdiv(ROWS, BLOCK_K)
-    tw = mw * nw
+    mw, gw_group, tw, kw = _tile_grid(V, H, ROWS, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     rem = tx % NUM_SMS
     light = NUM_SMS - rem
     extra = 0
@@ -464,19 +451,29 @@ def _grads_tma_kernel(
     n_common = tl.cdiv(tl.maximum(tw - extra - pid, 0), NUM_SMS)
     for i in tl.range(0, n_extra + n_common, flatten=True):
         t = tl.where(i < n_extra, (pid - rem) + i * light, extra + pid + (i - n_extra) * NUM_SMS)
-        pm, pn = _tile_mn(t, mw, GROUP_M * nw, GROUP_M)
+        pm, pn = _tile_mn(t, mw, gw_group, GROUP_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for ki in range(kw):
             a = dlw_desc.load([ki * BLOCK_K, pm * BLOCK_M])
             b = x_desc.load([ki * BLOCK_K, pn * BLOCK_N])
             acc = tl.dot(a.T, b, acc)
-        out = acc * scale
-        out = tl.permute(tl.reshape(out, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
-        o0, o1 = tl.split(out)
-        om = pm * BLOCK_M
-        on = pn * BLOCK_N
-        _tma_epilogue(c_desc, c_desc, o0, om, on, 1.0, ACCUMULATE, False, REDUCE)
-        _tma_epilogue(c_desc, c_desc, o1, om, on + BLOCK_N // 2, 1.0, ACCUMULATE, False, REDUCE)
+        _tma_epilogue_halves(
+            c_desc, c_desc, acc * scale, pm * BLOCK_M, pn * BLOCK_N, 1.0, ACCUMULATE, False, REDUCE
+        )
+
+
+@triton.jit
+def _tile_grid(
+    M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):  # fmt: skip
+    """(m-blocks, tiles per GROUP_M group, tiles, k-steps) of an M x N output in BLOCK_M x
+    BLOCK_N tiles over K in steps of BLOCK_K: what a persistent loop and `_tile_mn` need."""
+    num_pid_m = tl.cdiv(M, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    num_tiles = num_pid_m * num_pid_n
+    return num_pid_m, GROUP_M * num_pid_n, num_tiles, k_tiles
 
 
 @triton.jit
@@ -511,6 +508,20 @@ def _tma_epilogue(
             o_desc.store([om, on], (out * fin).to(o_desc.dtype))
         else:
             c_desc.store([om, on], out.to(c_desc.dtype))
+
+
+@triton.jit
+def _tma_epilogue_halves(
+    c_desc, o_desc, out, om, on, fin,
+    ACCUMULATE: tl.constexpr, FINAL: tl.constexpr, REDUCE: tl.constexpr,
+):  # fmt: skip
+    """`_tma_epilogue` of a [BM, BN] tile as two [BM, BN // 2] column halves (descriptor blocks
+    of half the tile: half the shared-memory staging buffer)."""
+    bm: tl.constexpr = out.shape[0]
+    half: tl.constexpr = out.shape[1] // 2
+    o0, o1 = tl.split(tl.permute(tl.reshape(out, (bm, 2, half)), (0, 2, 1)))
+    _tma_epilogue(c_desc, o_desc, o0, om, on, fin, ACCUMULATE, FINAL, REDUCE)
+    _tma_epilogue(c_desc, o_desc, o1, om, on + half, fin, ACCUMULATE, FINAL, REDUCE)
 
 
 @triton.jit

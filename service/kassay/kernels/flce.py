@@ -228,7 +228,7 @@ def _launch_gemm_tn(a, b, c, scale, accumulate, out=None, fin=None):
         loads_c = final or (accumulate and not K.GEMM_TMA_REDUCE)
         cfg = K.GEMM_TMA_RMW_CONFIG_GPU if loads_c else K.GEMM_TMA_CONFIG_GPU
         bm, bn, bk, gm, warps, stages, split, ctas = cfg
-        sms = _num_sms(a.device.index if a.device.index is not None else 0) * ctas
+        sms = _num_sms(a.device.index or 0) * ctas
         eb = [bm, bn // split]
         K._gemm_tn_acc_tma_kernel[(min(sms, triton.cdiv(m, bm) * triton.cdiv(n, bn)),)](
             TensorDescriptor.from_tensor(a, [bk, bm]),
@@ -293,7 +293,7 @@ def _grads_fused_ok(z, w, gx, xc, acc) -> bool:
         return False
     bm, bn = K.GRADS_FUSED_CONFIG_GPU[:2]
     tiles = triton.cdiv(z.shape[0], bm) * triton.cdiv(w.shape[1], bn)
-    sms = _num_sms(z.device.index if z.device.index is not None else 0)
+    sms = _num_sms(z.device.index or 0)
     last = tiles % sms
     return tiles >= sms and 0 < last <= K.GRADS_FUSED_MAX_LAST_WAVE * sms
 
@@ -308,7 +308,7 @@ def _launch_grads(z, w, gx, xc, acc, scale, accumulate: bool) -> None:
     rows, v = z.shape
     h = w.shape[1]
     bm, bn, bk, gm, warps, stages = K.GRADS_FUSED_CONFIG_GPU
-    sms = _num_sms(z.device.index if z.device.index is not None else 0)
+    sms = _num_sms(z.device.index or 0)
     K._grads_tma_kernel[(sms,)](
         TD.from_tensor(z, [bm, bk]),
         TD.from_tensor(w, [bk, bn]),
@@ -478,18 +478,14 @@ def _flce_pass(
                 continue
             if grad_b is not None:
                 grad_b += z.sum(0, dtype=torch.float32)
-            deferred = gw is not None and gw.mode == "f16s" and DEFER_LAST_GW and i > 0 and r1 == n
-            if (
-                grad_x is not None
-                and gw is not None
-                and gw.mode == "f16s"
-                and not deferred
-                and _grads_fused_ok(z, w, grad_x[r0:r1], xc, gw.acc)
-            ):
-                _launch_grads(z, w, grad_x[r0:r1], xc, gw.acc, gw.scale, accumulate=i > 0)
+            gx = grad_x[r0:r1] if grad_x is not None else None
+            f16s = gw is not None and gw.mode == "f16s"
+            deferred = f16s and DEFER_LAST_GW and i > 0 and r1 == n
+            if gx is not None and f16s and not deferred and _grads_fused_ok(z, w, gx, xc, gw.acc):
+                _launch_grads(z, w, gx, xc, gw.acc, gw.scale, accumulate=i > 0)
                 continue
-            if grad_x is not None:
-                torch.mm(z, w, out=grad_x[r0:r1])
+            if gx is not None:
+                torch.mm(z, w, out=gx)
             if gw is not None:
                 if deferred:
                     gw.pending = (z, xc)  # run by gw.finalize (backward): fused conversion
