@@ -10,6 +10,9 @@ TMA kernel's loop with its epilogue varied, on the same operands:
   reduce1   C += tile, one TMA reduce-add of 128 x 256
   reduce2   C += tile, two TMA reduce-adds of 128 x 128 (shipped)
   reduce4   C += tile, four TMA reduce-adds of 128 x 64
+  reduce2_pfK  reduce2, the C tile's lines prefetched into L2 (prefetch.global.L2::evict_last)
+            after k-step K's loads of the same tile are issued, so the reduce-add's read of C
+            from DRAM overlaps the mainloop instead of following it (NOTES v9)
 
 against the shipped launcher and cuBLAS's logits (x @ W^T) and grad_x (dl @ W) GEMMs of the same
 chunk. If "none" is as slow as "reduce2", the gap is the mainloop's per-tile start and drain, not
@@ -43,7 +46,16 @@ from kassay.kernels._flce_kernels import _tile_grid, _tile_mn
 
 CHUNKS = [(960, 2304, 256000), (1792, 4096, 128256)]  # rows (K), H (N), V (M)
 BM, BN, BK, GROUP_M, WARPS, STAGES = 128, 256, 64, 8, 8, 3
-MODES = {"none": (0, 1), "store2": (1, 2), "reduce1": (2, 1), "reduce2": (2, 2), "reduce4": (2, 4)}
+# (MODE, PARTS, k-step after which the C tile is prefetched into L2; -1: none)
+MODES = {
+    "none": (0, 1, -1),
+    "store2": (1, 2, -1),
+    "reduce1": (2, 1, -1),
+    "reduce2": (2, 2, -1),
+    "reduce4": (2, 4, -1),
+    "reduce2_pf0": (2, 2, 0),
+    "reduce2_pf4": (2, 2, 4),
+}
 # deferred epilogue (`_gradw_deferred_kernel`): (AT, FLATTEN, SPREAD); k_tiles >= 2 assumed
 DEFERRED = {
     "deferred_at0": (0, False, False),
@@ -78,11 +90,14 @@ def _gradw_epilogue_kernel(
     c_desc,  # C [M, N] float16, block [BM, BN // PARTS]
     sink_ptr,  # float32 [tiles] (MODE 0)
     scale_ptr,
+    c_ptr,  # C's data (PF_AT >= 0)
+    stride_cm,
     M,
     N,
     K,
     MODE: tl.constexpr,  # 0 none, 1 store, 2 reduce-add
     PARTS: tl.constexpr,
+    PF_AT: tl.constexpr,  # k-step after which C's tile is prefetched into L2; -1: never
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -100,6 +115,9 @@ def _gradw_epilogue_kernel(
             a = a_desc.load([ki * BK, pid_m * BM])
             b = b_desc.load([ki * BK, pid_n * BN])
             acc = tl.dot(a.T, b, acc)
+            if PF_AT >= 0:  # noqa: SIM102 (compile-time branch; the inner one is not)
+                if ki == tl.minimum(PF_AT, k_tiles - 1):
+                    _prefetch_l2(c_ptr, stride_cm, pid_m * BM, pid_n * BN, M, N, BM, BN)
         tile_id_c += NUM_SMS
         pm, pn = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
         out = acc * scale
@@ -107,6 +125,19 @@ def _gradw_epilogue_kernel(
             tl.store(sink_ptr + tile_id_c, tl.max(tl.max(out, axis=1), axis=0))
         else:
             _store_parts(c_desc, out, pm * BM, pn * BN, MODE, PARTS, BN)
+
+
+@triton.jit
+def _prefetch_l2(c_ptr, stride_cm, om, on, M, N, BM: tl.constexpr, BN: tl.constexpr):
+    """Prefetch C[om:om+BM, on:on+BN] (2-byte elements) into L2, one 128-byte line per lane."""
+    rows = om + tl.arange(0, BM)[:, None]
+    cols = on + tl.arange(0, BN // 64)[None, :] * 64
+    inb = (rows < M) & (cols < N)
+    ptrs = c_ptr + tl.where(inb, rows.to(tl.int64) * stride_cm + cols, 0)
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2::evict_last [$1];\n mov.u32 $0, 0;", "=r,l", [ptrs],
+        dtype=tl.int32, is_pure=False, pack=1,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -169,7 +200,7 @@ def _launch(kernel, dl, xc, c, parts, *args, **constexprs):
     k, m = dl.shape
     n = xc.shape[1]
     sms = kflce._num_sms(dl.device.index or 0)
-    kernel[(sms,)](
+    return kernel[(sms,)](
         TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
         TD.from_tensor(c, [BM, BN // parts]), *args, m, n, k,
         BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms, num_warps=WARPS, num_stages=STAGES,
@@ -181,8 +212,11 @@ def launch_deferred(dl, xc, c, scale, at, flatten, spread):
     _launch(_gradw_deferred_kernel, dl, xc, c, 2, scale, AT=at, FLATTEN=flatten, SPREAD=spread)
 
 
-def launch(dl, xc, c, sink, scale, mode, parts):
-    _launch(_gradw_epilogue_kernel, dl, xc, c, parts, sink, scale, MODE=mode, PARTS=parts)
+def launch(dl, xc, c, sink, scale, mode, parts, pf_at):
+    return _launch(
+        _gradw_epilogue_kernel, dl, xc, c, parts, sink, scale, c, c.stride(0),
+        MODE=mode, PARTS=parts, PF_AT=pf_at,
+    )  # fmt: skip
 
 
 CLOCKED = ["epi_none", "epi_store2", "epi_reduce2", "cublas_logits"]
@@ -246,12 +280,14 @@ def main() -> int:
         res: dict = {"max_abs_diff_vs_shipped": {}}
         c_ref = c0.clone()
         kflce._launch_gemm_tn(dl, xc, c_ref, scale, True)
-        for name, (mode, parts) in MODES.items():
+        for name, (mode, parts, pf_at) in MODES.items():
             if mode != 2:
                 continue
             c = c0.clone()
-            launch(dl, xc, c, sink, scale, mode, parts)
+            k = launch(dl, xc, c, sink, scale, mode, parts, pf_at)
             res["max_abs_diff_vs_shipped"][name] = float((c.float() - c_ref.float()).abs().max())
+            if pf_at >= 0:  # the prefetch survived compilation
+                res.setdefault("ptx_prefetch", {})[name] = "prefetch.global.L2" in k.asm["ptx"]
         for name, d in DEFERRED.items():
             c = c0.clone()
             launch_deferred(dl, xc, c, scale, *d)
