@@ -1,0 +1,234 @@
+"""Probe: the chunk's gradient GEMMs computing dloss/dlogits from the logits tile as they load
+it, so the CE kernel's second pass (read the logits, write dlogits) goes away (NOTES-flce.md,
+"What is left" item 5). Not used by kassay.
+
+Per chunk (mean reduction, no options, 10% of rows ignored), persistent TMA kernels with the
+shipped tiles, each in two forms on the same data:
+  gradw_plain / gradw_xform   C[V, H] += dl^T @ x (float16 accumulator, TMA reduce-add), A tile
+                              read from dlogits / computed from the logits tile in registers:
+                              g_k * (exp2(z log2e - lse_k log2e) - [m == t_k]), cast to bf16
+  gradx_plain / gradx_xform   grad_x[rows, H] = dl @ W (bf16 store), same choice of A
+against cuBLAS's grad_x and the shipped CE kernel with and without its gradient pass (the part
+the transform would remove: `ce_full` minus `ce_stats`). The transform recomputes each exp once
+per output tile that reads it (H / 256 times for grad_x, once for grad_W), on the SM that
+would otherwise only wait on the tensor cores. Checks: each xform output against its plain form
+(max abs difference relative to the output's max); registers and spills of each kernel.
+
+    PYTHONPATH=service python3 bench/flce_xform_probe.py --out FILE
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from flce import probe_parser, run_meta, save, time_rounds
+from flce_epilogue_probe import _store_parts
+
+from kassay.kernels import flce as kflce
+from kassay.kernels._flce_kernels import LOG2E, _tile_grid, _tile_mn
+
+SHAPES = [(960, 2304, 256000), (1792, 4096, 128256)]  # rows of the chunk, H, V
+BM, BN, BK, GROUP_M, WARPS, STAGES = 128, 256, 64, 8, 8, 3
+
+
+@triton.jit
+def _dl_tile(z, lse2, g, tgt, cols):
+    """g * (softmax - onehot) of a logits tile z [R, C] (R rows, absolute columns cols [C]),
+    per-row lse * log2e, factor g and target [R]; in z's dtype."""
+    p = tl.exp2(z.to(tl.float32) * LOG2E - lse2[:, None]) * g[:, None]
+    p = tl.where(cols[None, :] == tgt[:, None], p - g[:, None], p)
+    return p.to(z.dtype)
+
+
+@triton.jit
+def _gradw_kernel(
+    a_desc,  # dlogits or logits [K = rows, M = V], block [BK, BM]
+    b_desc,  # x [K, N = H], block [BK, BN]
+    c_desc,  # C [M, N] float16, block [BM, BN // 2]
+    scale_ptr,
+    lse2_ptr,  # [K] float32 lse * log2e (XFORM)
+    g_ptr,  # [K] float32 row factor, 0 for ignored rows (XFORM)
+    tgt_ptr,  # [K] int32 (XFORM)
+    M,
+    N,
+    K,
+    XFORM: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    start_pid = tl.program_id(0)
+    num_pid_m, num_in_group, num_tiles, k_tiles = _tile_grid(M, N, K, BM, BN, BK, GROUP_M)
+    scale = tl.load(scale_ptr)
+    tile_id_c = start_pid - NUM_SMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = a_desc.load([ki * BK, pid_m * BM])
+            b = b_desc.load([ki * BK, pid_n * BN])
+            if XFORM:
+                rows = ki * BK + tl.arange(0, BK)
+                rm = rows < K
+                a = _dl_tile(
+                    a, tl.load(lse2_ptr + rows, mask=rm, other=0.0),
+                    tl.load(g_ptr + rows, mask=rm, other=0.0),
+                    tl.load(tgt_ptr + rows, mask=rm, other=-1), pid_m * BM + tl.arange(0, BM),
+                )  # fmt: skip
+            acc = tl.dot(a.T, b, acc)
+        tile_id_c += NUM_SMS
+        pm, pn = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
+        _store_parts(c_desc, acc * scale, pm * BM, pn * BN, 2, 2, BN)
+
+
+@triton.jit
+def _gradx_kernel(
+    a_desc,  # dlogits or logits [M = rows, K = V], block [BM, BK]
+    b_desc,  # W [K, N = H], block [BK, BN]
+    c_desc,  # grad_x [M, N] bf16, block [BM, BN]
+    lse2_ptr,  # [M] (XFORM), as in _gradw_kernel
+    g_ptr,
+    tgt_ptr,
+    M,
+    N,
+    K,
+    XFORM: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+):
+    start_pid = tl.program_id(0)
+    num_pid_m, num_in_group, num_tiles, k_tiles = _tile_grid(M, N, K, BM, BN, BK, GROUP_M)
+    tile_id_c = start_pid - NUM_SMS
+    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
+        pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        rows = pid_m * BM + tl.arange(0, BM)
+        rm = rows < M
+        lse2 = tl.load(lse2_ptr + rows, mask=rm, other=0.0)
+        g = tl.load(g_ptr + rows, mask=rm, other=0.0)
+        tgt = tl.load(tgt_ptr + rows, mask=rm, other=-1)
+        for ki in range(k_tiles):
+            a = a_desc.load([pid_m * BM, ki * BK])
+            b = b_desc.load([ki * BK, pid_n * BN])
+            if XFORM:
+                a = _dl_tile(a, lse2, g, tgt, ki * BK + tl.arange(0, BK))
+            acc = tl.dot(a, b, acc)
+        tile_id_c += NUM_SMS
+        pm, pn = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
+        c_desc.store([pm * BM, pn * BN], acc.to(c_desc.dtype))
+
+
+def _common(kernel, a_block, b_block, c_block, a, b, c, *args, xform):
+    from triton.tools.tensor_descriptor import TensorDescriptor as TD
+
+    sms = kflce._num_sms(a.device.index or 0)
+    return kernel[(sms,)](
+        TD.from_tensor(a, a_block), TD.from_tensor(b, b_block), TD.from_tensor(c, c_block),
+        *args, XFORM=xform, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms,
+        num_warps=WARPS, num_stages=STAGES,
+    )  # fmt: skip
+
+
+def gradw(a, xc, c, scale, rowv, xform):
+    """C += scale * a'^T xc, a' = a (dlogits) or the transform of a (logits) by rowv."""
+    k, m = a.shape
+    return _common(
+        _gradw_kernel, [BK, BM], [BK, BN], [BM, BN // 2], a, xc, c, scale, *rowv, m, xc.shape[1],
+        k, xform=xform,
+    )  # fmt: skip
+
+
+def gradx(a, w, gx, rowv, xform):
+    """gx = a' @ w, a' as in `gradw`."""
+    m, k = a.shape
+    return _common(
+        _gradx_kernel, [BM, BK], [BK, BN], [BM, BN], a, w, gx, *rowv, m, w.shape[1], k,
+        xform=xform,
+    )  # fmt: skip
+
+
+def main() -> int:
+    args = probe_parser(__doc__).parse_args()
+    out: dict = run_meta()
+    for rows, h, v in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(11)
+        x = torch.randn(rows, h, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (torch.randn(v, h, device="cuda", generator=gen) * h**-0.5).to(torch.bfloat16)
+        t = torch.randint(0, v, (rows,), device="cuda", generator=gen)
+        t[::10] = -100
+        z = x @ w.t()
+        dl = z.clone()
+        scale = torch.full((1,), 1.0 / 8192, device="cuda")
+        lse = torch.empty(rows, device="cuda")
+        f2 = [torch.empty(rows, device="cuda") for _ in range(2)]
+
+        def ce(buf, grad, t=t, scale=scale, f2=f2, lse=lse, v=v):
+            kflce._launch_ce(
+                buf, t, f2[0], f2[1], lse, scale, False, V=v, ignore_index=-100,
+                label_smoothing=0.0, z_loss_scale=0.0, softcap=None, compute_grad=grad,
+            )  # fmt: skip
+
+        ce(dl, True)  # dl: the dlogits of z, lse: its rows' lse
+        valid = t != -100
+        rowv = (
+            (lse * 1.4426950408889634).contiguous(),
+            torch.where(valid, 1.0 / 8192, 0.0).float().contiguous(),
+            torch.where(valid, t, -1).to(torch.int32).contiguous(),
+        )
+        one = torch.ones(1, device="cuda")
+        c0 = torch.zeros(v, h, device="cuda", dtype=torch.float16)
+        cw = {k: c0.clone() for k in ("plain", "xform")}
+        gx = {k: torch.empty(rows, h, device="cuda", dtype=torch.bfloat16) for k in cw}
+        key = f"{rows}x{h}x{v}"
+        res: dict = {"kernel": {}}
+        for name, src, xf in (("plain", dl, False), ("xform", z, True)):
+            kw = gradw(src, x, cw[name], one, rowv, xf)
+            kx = gradx(src, w, gx[name], rowv, xf)
+            for nm, k in (("gradw_" + name, kw), ("gradx_" + name, kx)):
+                res["kernel"][nm] = {"regs": k.n_regs, "spills": k.n_spills}
+        ref_gx = torch.mm(dl, w)
+        res["rel_max_diff"] = {
+            "gradw_xform_vs_plain": float((cw["xform"].float() - cw["plain"].float()).abs().max())
+            / float(cw["plain"].float().abs().max()),
+            "gradx_xform_vs_plain": float((gx["xform"].float() - gx["plain"].float()).abs().max())
+            / float(gx["plain"].float().abs().max()),
+            "gradx_plain_vs_cublas": float((gx["plain"].float() - ref_gx.float()).abs().max())
+            / float(ref_gx.float().abs().max()),
+        }
+        print(key, res, flush=True)
+        c = c0.clone()
+        g_out = gx["plain"]
+        scratch = z.clone()
+        fns = {
+            # timed in place on a scratch copy, as the shipped pass runs (later calls see
+            # dlogits, not logits: the same instructions and bytes)
+            "ce_full": lambda: ce(scratch, True),  # noqa: B023
+            "ce_stats": lambda: ce(scratch, False),  # noqa: B023
+            "gradw_plain": lambda: gradw(dl, x, c, one, rowv, False),  # noqa: B023
+            "gradw_xform": lambda: gradw(z, x, c, one, rowv, True),  # noqa: B023
+            "gradx_plain": lambda: gradx(dl, w, g_out, rowv, False),  # noqa: B023
+            "gradx_xform": lambda: gradx(z, w, g_out, rowv, True),  # noqa: B023
+            "cublas_gradx": lambda: torch.mm(dl, w, out=g_out),  # noqa: B023
+        }
+        res["ms"] = time_rounds(fns, args.rounds, key)
+        out[key] = res
+        x = w = z = dl = c = c0 = cw = gx = g_out = ref_gx = scratch = None
+        torch.cuda.empty_cache()
+    save(out, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
