@@ -14,6 +14,8 @@ TMA kernel's loop with its epilogue varied, on the same operands:
             after k-step K's loads of the same tile are issued, so the reduce-add's read of C
             from DRAM overlaps the mainloop instead of following it (NOTES v9)
 
+(`flce_xform_probe.py` runs the same kernel with XFORM: the A tile computed from logits.)
+
 against the shipped launcher and cuBLAS's logits (x @ W^T) and grad_x (dl @ W) GEMMs of the same
 chunk. If "none" is as slow as "reduce2", the gap is the mainloop's per-tile start and drain, not
 the epilogue's stores. Second run: `_gradw_deferred_kernel` keeps each finished tile in registers
@@ -42,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flce import grads_operands, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import flce as kflce
-from kassay.kernels._flce_kernels import _tile_grid, _tile_mn
+from kassay.kernels._flce_kernels import LOG2E, _tile_grid, _tile_mn
 
 CHUNKS = [(960, 2304, 256000), (1792, 4096, 128256)]  # rows (K), H (N), V (M)
 BM, BN, BK, GROUP_M, WARPS, STAGES = 128, 256, 64, 8, 8, 3
@@ -92,12 +94,16 @@ def _gradw_epilogue_kernel(
     scale_ptr,
     c_ptr,  # C's data (PF_AT >= 0)
     stride_cm,
+    lse2_ptr,  # [K] float32 lse * log2e of each row (XFORM)
+    g_ptr,  # [K] float32 row factor, 0 for ignored rows (XFORM)
+    tgt_ptr,  # [K] int32 targets (XFORM)
     M,
     N,
     K,
     MODE: tl.constexpr,  # 0 none, 1 store, 2 reduce-add
     PARTS: tl.constexpr,
     PF_AT: tl.constexpr,  # k-step after which C's tile is prefetched into L2; -1: never
+    XFORM: tl.constexpr,  # A holds logits: its tiles become dlogits in registers (_dl_tile)
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -114,6 +120,14 @@ def _gradw_epilogue_kernel(
         for ki in range(k_tiles):
             a = a_desc.load([ki * BK, pid_m * BM])
             b = b_desc.load([ki * BK, pid_n * BN])
+            if XFORM:
+                rows = ki * BK + tl.arange(0, BK)
+                rm = rows < K
+                a = _dl_tile(
+                    a, tl.load(lse2_ptr + rows, mask=rm, other=0.0),
+                    tl.load(g_ptr + rows, mask=rm, other=0.0),
+                    tl.load(tgt_ptr + rows, mask=rm, other=-1), pid_m * BM + tl.arange(0, BM),
+                )  # fmt: skip
             acc = tl.dot(a.T, b, acc)
             if PF_AT >= 0:  # noqa: SIM102 (compile-time branch; the inner one is not)
                 if ki == tl.minimum(PF_AT, k_tiles - 1):
@@ -125,6 +139,15 @@ def _gradw_epilogue_kernel(
             tl.store(sink_ptr + tile_id_c, tl.max(tl.max(out, axis=1), axis=0))
         else:
             _store_parts(c_desc, out, pm * BM, pn * BN, MODE, PARTS, BN)
+
+
+@triton.jit
+def _dl_tile(z, lse2, g, tgt, cols):
+    """g * (softmax - onehot) of a logits tile z [R, C] (R rows, absolute columns cols [C]),
+    per-row lse * log2e, factor g and target [R]; in z's dtype (mean reduction, no options)."""
+    p = tl.exp2(z.to(tl.float32) * LOG2E - lse2[:, None]) * g[:, None]
+    p = tl.where(cols[None, :] == tgt[:, None], p - g[:, None], p)
+    return p.to(z.dtype)
 
 
 @triton.jit
@@ -212,10 +235,12 @@ def launch_deferred(dl, xc, c, scale, at, flatten, spread):
     _launch(_gradw_deferred_kernel, dl, xc, c, 2, scale, AT=at, FLATTEN=flatten, SPREAD=spread)
 
 
-def launch(dl, xc, c, sink, scale, mode, parts, pf_at):
+def launch(dl, xc, c, sink, scale, mode, parts, pf_at, rowv=None):
+    """rowv: (lse2, g, tgt) of dl's rows when dl holds logits (XFORM), else None."""
     return _launch(
         _gradw_epilogue_kernel, dl, xc, c, parts, sink, scale, c, c.stride(0),
-        MODE=mode, PARTS=parts, PF_AT=pf_at,
+        *(rowv or (scale, scale, scale)), MODE=mode, PARTS=parts, PF_AT=pf_at,
+        XFORM=rowv is not None,
     )  # fmt: skip
 
 

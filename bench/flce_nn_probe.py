@@ -21,6 +21,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
+from flce_epilogue_probe import _dl_tile
 
 from kassay.kernels import flce as kflce
 from kassay.kernels._flce_kernels import _tile_grid, _tile_mn
@@ -40,9 +41,13 @@ def _gemm_nn_tma_kernel(
     a_desc,  # A [M, K] bf16, block [BLOCK_M, BLOCK_K]
     b_desc,  # B [K, N] bf16, block [BLOCK_K, BLOCK_N]
     c_desc,  # C [M, N] bf16 = A @ B, block [BLOCK_M, BLOCK_N]
+    lse2_ptr,  # [M] float32 lse * log2e of each row (XFORM)
+    g_ptr,  # [M] float32 row factor, 0 for ignored rows (XFORM)
+    tgt_ptr,  # [M] int32 targets (XFORM)
     M,
     N,
     K,
+    XFORM: tl.constexpr,  # A holds logits: its tiles become dlogits in registers (_dl_tile)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -59,16 +64,26 @@ def _gemm_nn_tma_kernel(
         om = pid_m * BLOCK_M
         on = pid_n * BLOCK_N
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if XFORM:
+            rows = om + tl.arange(0, BLOCK_M)
+            rm = rows < M
+            lse2 = tl.load(lse2_ptr + rows, mask=rm, other=0.0)
+            g = tl.load(g_ptr + rows, mask=rm, other=0.0)
+            tgt = tl.load(tgt_ptr + rows, mask=rm, other=-1)
         for ki in range(k_tiles):
             a = a_desc.load([om, ki * BLOCK_K])
             b = b_desc.load([ki * BLOCK_K, on])
+            if XFORM:
+                a = _dl_tile(a, lse2, g, tgt, ki * BLOCK_K + tl.arange(0, BLOCK_K))
             acc = tl.dot(a, b, acc)
         tile_id_c += NUM_SMS
         pid_m_c, pid_n_c = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
         c_desc.store([pid_m_c * BLOCK_M, pid_n_c * BLOCK_N], acc.to(c_desc.dtype))
 
 
-def gemm_nn(a, b, c, cfg):
+def gemm_nn(a, b, c, cfg, rowv=None):
+    """c = a @ b with the persistent TMA kernel; rowv: (lse2, g, tgt) of a's rows when a holds
+    logits (XFORM), else None. Returns the compiled kernel."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     bm, bn, bk, gm, warps, stages = cfg
@@ -76,11 +91,11 @@ def gemm_nn(a, b, c, cfg):
     n = b.shape[1]
     sms = kflce._num_sms(a.device.index or 0)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    _gemm_nn_tma_kernel[(min(sms, tiles),)](
+    return _gemm_nn_tma_kernel[(min(sms, tiles),)](
         TensorDescriptor.from_tensor(a, [bm, bk]),
         TensorDescriptor.from_tensor(b, [bk, bn]),
         TensorDescriptor.from_tensor(c, [bm, bn]),
-        m, n, k, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, NUM_SMS=sms,
+        *(rowv or (c, c, c)), m, n, k, XFORM=rowv is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=gm, NUM_SMS=sms,
         num_warps=warps, num_stages=stages,
     )  # fmt: skip
 

@@ -3,7 +3,8 @@ it, so the CE kernel's second pass (read the logits, write dlogits) goes away (N
 "What is left" item 5). Not used by kassay.
 
 Per chunk (mean reduction, no options, 10% of rows ignored), persistent TMA kernels with the
-shipped tiles, each in two forms on the same data:
+shipped tiles (`flce_epilogue_probe`'s grad_W loop, `flce_nn_probe`'s NN GEMM, both with their
+XFORM option), each in two forms on the same data:
   gradw_plain / gradw_xform   C[V, H] += dl^T @ x (float16 accumulator, TMA reduce-add), A tile
                               read from dlogits / computed from the logits tile in registers:
                               g_k * (exp2(z log2e - lse_k log2e) - [m == t_k]), cast to bf16
@@ -23,140 +24,27 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flce import probe_parser, run_meta, save, time_rounds
-from flce_epilogue_probe import _store_parts
+from flce_epilogue_probe import launch as gradw_launch
+from flce_nn_probe import gemm_nn
 
 from kassay.kernels import flce as kflce
-from kassay.kernels._flce_kernels import LOG2E, _tile_grid, _tile_mn
 
 SHAPES = [(960, 2304, 256000), (1792, 4096, 128256)]  # rows of the chunk, H, V
-BM, BN, BK, GROUP_M, WARPS, STAGES = 128, 256, 64, 8, 8, 3
-
-
-@triton.jit
-def _dl_tile(z, lse2, g, tgt, cols):
-    """g * (softmax - onehot) of a logits tile z [R, C] (R rows, absolute columns cols [C]),
-    per-row lse * log2e, factor g and target [R]; in z's dtype."""
-    p = tl.exp2(z.to(tl.float32) * LOG2E - lse2[:, None]) * g[:, None]
-    p = tl.where(cols[None, :] == tgt[:, None], p - g[:, None], p)
-    return p.to(z.dtype)
-
-
-@triton.jit
-def _gradw_kernel(
-    a_desc,  # dlogits or logits [K = rows, M = V], block [BK, BM]
-    b_desc,  # x [K, N = H], block [BK, BN]
-    c_desc,  # C [M, N] float16, block [BM, BN // 2]
-    scale_ptr,
-    lse2_ptr,  # [K] float32 lse * log2e (XFORM)
-    g_ptr,  # [K] float32 row factor, 0 for ignored rows (XFORM)
-    tgt_ptr,  # [K] int32 (XFORM)
-    M,
-    N,
-    K,
-    XFORM: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-):
-    start_pid = tl.program_id(0)
-    num_pid_m, num_in_group, num_tiles, k_tiles = _tile_grid(M, N, K, BM, BN, BK, GROUP_M)
-    scale = tl.load(scale_ptr)
-    tile_id_c = start_pid - NUM_SMS
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
-        pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        for ki in range(k_tiles):
-            a = a_desc.load([ki * BK, pid_m * BM])
-            b = b_desc.load([ki * BK, pid_n * BN])
-            if XFORM:
-                rows = ki * BK + tl.arange(0, BK)
-                rm = rows < K
-                a = _dl_tile(
-                    a, tl.load(lse2_ptr + rows, mask=rm, other=0.0),
-                    tl.load(g_ptr + rows, mask=rm, other=0.0),
-                    tl.load(tgt_ptr + rows, mask=rm, other=-1), pid_m * BM + tl.arange(0, BM),
-                )  # fmt: skip
-            acc = tl.dot(a.T, b, acc)
-        tile_id_c += NUM_SMS
-        pm, pn = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
-        _store_parts(c_desc, acc * scale, pm * BM, pn * BN, 2, 2, BN)
-
-
-@triton.jit
-def _gradx_kernel(
-    a_desc,  # dlogits or logits [M = rows, K = V], block [BM, BK]
-    b_desc,  # W [K, N = H], block [BK, BN]
-    c_desc,  # grad_x [M, N] bf16, block [BM, BN]
-    lse2_ptr,  # [M] (XFORM), as in _gradw_kernel
-    g_ptr,
-    tgt_ptr,
-    M,
-    N,
-    K,
-    XFORM: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    NUM_SMS: tl.constexpr,
-):
-    start_pid = tl.program_id(0)
-    num_pid_m, num_in_group, num_tiles, k_tiles = _tile_grid(M, N, K, BM, BN, BK, GROUP_M)
-    tile_id_c = start_pid - NUM_SMS
-    for tile_id in tl.range(start_pid, num_tiles, NUM_SMS, flatten=True):
-        pid_m, pid_n = _tile_mn(tile_id, num_pid_m, num_in_group, GROUP_M)
-        acc = tl.zeros([BM, BN], dtype=tl.float32)
-        rows = pid_m * BM + tl.arange(0, BM)
-        rm = rows < M
-        lse2 = tl.load(lse2_ptr + rows, mask=rm, other=0.0)
-        g = tl.load(g_ptr + rows, mask=rm, other=0.0)
-        tgt = tl.load(tgt_ptr + rows, mask=rm, other=-1)
-        for ki in range(k_tiles):
-            a = a_desc.load([pid_m * BM, ki * BK])
-            b = b_desc.load([ki * BK, pid_n * BN])
-            if XFORM:
-                a = _dl_tile(a, lse2, g, tgt, ki * BK + tl.arange(0, BK))
-            acc = tl.dot(a, b, acc)
-        tile_id_c += NUM_SMS
-        pm, pn = _tile_mn(tile_id_c, num_pid_m, num_in_group, GROUP_M)
-        c_desc.store([pm * BM, pn * BN], acc.to(c_desc.dtype))
-
-
-def _common(kernel, a_block, b_block, c_block, a, b, c, *args, xform):
-    from triton.tools.tensor_descriptor import TensorDescriptor as TD
-
-    sms = kflce._num_sms(a.device.index or 0)
-    return kernel[(sms,)](
-        TD.from_tensor(a, a_block), TD.from_tensor(b, b_block), TD.from_tensor(c, c_block),
-        *args, XFORM=xform, BM=BM, BN=BN, BK=BK, GROUP_M=GROUP_M, NUM_SMS=sms,
-        num_warps=WARPS, num_stages=STAGES,
-    )  # fmt: skip
+GRAD_X_CONFIG = (128, 256, 64, 8, 8, 3)  # the shipped grad_x tile; grad_W: the epilogue probe's
 
 
 def gradw(a, xc, c, scale, rowv, xform):
     """C += scale * a'^T xc, a' = a (dlogits) or the transform of a (logits) by rowv."""
-    k, m = a.shape
-    return _common(
-        _gradw_kernel, [BK, BM], [BK, BN], [BM, BN // 2], a, xc, c, scale, *rowv, m, xc.shape[1],
-        k, xform=xform,
-    )  # fmt: skip
+    return gradw_launch(a, xc, c, scale, scale, 2, 2, -1, rowv if xform else None)
 
 
 def gradx(a, w, gx, rowv, xform):
     """gx = a' @ w, a' as in `gradw`."""
-    m, k = a.shape
-    return _common(
-        _gradx_kernel, [BM, BK], [BK, BN], [BM, BN], a, w, gx, *rowv, m, w.shape[1], k,
-        xform=xform,
-    )  # fmt: skip
+    return gemm_nn(a, w, gx, GRAD_X_CONFIG, rowv if xform else None)
 
 
 def main() -> int:
