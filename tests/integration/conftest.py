@@ -221,6 +221,15 @@ class Procs:
     def wait_ready(self, api: Proc, *procs: Proc, workers_up: int = 1) -> None:
         wait_ready(api, *procs, workers_up=workers_up)
 
+    @staticmethod
+    def free_port() -> int:
+        return free_port()
+
+    @staticmethod
+    def env(extra: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment the started processes get (source paths, Triton's interpreter)."""
+        return _env(extra)
+
 
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Procs]:

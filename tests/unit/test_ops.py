@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kassay.ops import get_op
-from kassay.ops.lse_merge import lse_to_th
+from kassay.ops.runtime.lse_merge import lse_to_th
 
 CPU = torch.device("cpu")
 
@@ -63,13 +63,13 @@ def test_flce_reference_matches_torch_autograd_float64(opts: dict) -> None:
 
 
 def test_flce_reference_chunks_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kassay.ops.flce as mod
+    import kassay.ops.runtime.flce as mod
 
     op = get_op("flce")
     p = op.parse_params({"N": 40, "H": 8, "V": 16, "dtype": "float32", "bias": True})
     inputs = op.make_inputs(p, "normal", 0, CPU)
     whole = op.reference(inputs, p)
-    monkeypatch.setattr(mod, "_REF_CHUNK_BYTES", 3 * 8 * 16 * 7)  # 7-row chunks
+    monkeypatch.setattr(mod, "REF_CHUNK_BYTES", 3 * 8 * 16 * 7)  # 7-row chunks
     chunked = op.reference(inputs, p)
     for k in whole:
         torch.testing.assert_close(whole[k], chunked[k], rtol=1e-12, atol=1e-14)

@@ -3,7 +3,7 @@
 import pytest
 
 from kassay.errors import CaseLimitError, InvalidSpecError, UnknownImplError, UnknownOpError
-from kassay.validate.spec import count_cases, expand, parse_spec
+from kassay.validate.spec import count_cases, expand, local_impl_check, parse_spec
 
 SPEC = """
 name: t
@@ -62,7 +62,7 @@ def test_unknown_names_list_the_known_ones() -> None:
     with pytest.raises(UnknownOpError, match="known ops: flce, lse_merge"):
         expand(parse_spec(SPEC.replace("op: lse_merge", "op: softmax")))
     with pytest.raises(UnknownImplError, match=r"known impls:.*ring_style.*torch"):
-        expand(parse_spec(SPEC.replace("te_style", "te_styel")))
+        expand(parse_spec(SPEC.replace("te_style", "te_styel")), check_impl=local_impl_check())
     with pytest.raises(InvalidSpecError, match="known regimes: normal, huge"):
         expand(parse_spec(SPEC.replace("[normal, huge]", "[normal, enormous]")))
 
@@ -70,8 +70,15 @@ def test_unknown_names_list_the_known_ones() -> None:
 def test_mutants_are_hidden_unless_asked() -> None:
     spec = parse_spec(SPEC.replace("te_style", "m_copy_update"))
     with pytest.raises(UnknownImplError):
-        expand(spec)
-    assert expand(spec, include_mutants=True)
+        expand(spec, check_impl=local_impl_check())
+    assert expand(spec, check_impl=local_impl_check(include_mutants=True))
+
+
+def test_expansion_without_an_impl_check_leaves_impl_names_to_the_workers() -> None:
+    # The API expands with no local registry: unknown impl names pass here and are judged
+    # against what the workers describe.
+    groups = expand(parse_spec(SPEC.replace("te_style", "my_plugin_impl")))
+    assert all("my_plugin_impl" in g.impls for g in groups)
 
 
 def test_structural_errors() -> None:

@@ -64,12 +64,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from fastapi.concurrency import run_in_threadpool
-
-        from kassay.api.submit import warm_up
-
         store = Store(settings.database_url)
-        await run_in_threadpool(warm_up, settings)
         notifier = JobNotifier()
         dispatcher = Dispatcher(store, settings, notifier=notifier, metrics=metrics)
         app.state.services = Services(

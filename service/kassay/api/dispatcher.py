@@ -124,6 +124,25 @@ class Dispatcher:
             return None
         return {name for link in described for name in link.ops.get(op, [])}
 
+    def all_described(self) -> bool:
+        """Every configured worker has answered Describe at least once since start."""
+        return bool(self.links) and all(link.ops for link in self.links)
+
+    def unrunnable_reason(self, op: str, impls: list[str]) -> str | None:
+        """Why no worker can run a group of `op` with these impls (None when one can). Only
+        meaningful once every worker has been described."""
+        if any(set(impls) <= set(link.ops.get(op, [])) for link in self.links):
+            return None
+        offered = sorted({name for link in self.links for name in link.ops.get(op, [])})
+        missing = sorted(set(impls) - set(offered))
+        if missing:
+            return (
+                f"no worker offers impl{'s' if len(missing) > 1 else ''} "
+                f"{', '.join(repr(m) for m in missing)} for op {op!r}; "
+                f"the workers offer: {', '.join(offered) or '(none)'}"
+            )
+        return f"no single worker offers all of {', '.join(impls)} for op {op!r}"
+
     def max_memory(self) -> int | None:
         sizes = [link.memory_bytes for link in self.links if link.memory_bytes]
         return max(sizes) if sizes else None
@@ -405,7 +424,7 @@ class Dispatcher:
 
     async def _sweeper(self) -> None:
         """Renew the leases of the groups this API runs; requeue groups whose lease ran out."""
-        period = max(0.5, min(self.settings.lease_s / 4, 30.0))
+        period = max(0.5, min(self.settings.lease_s / 4, 5.0))
         while not self._stopping:
             try:
                 keys = [key for link in self.links for key in link.running.values()]
@@ -419,6 +438,7 @@ class Dispatcher:
                 requeued = await asyncio.to_thread(
                     self.store.requeue_expired, max_attempts=self.settings.max_attempts
                 )
+                await self._fail_unrunnable()
                 for job_id, _ in requeued:
                     self.notifier.notify(job_id)
                 if requeued:
@@ -429,6 +449,22 @@ class Dispatcher:
             except Exception:
                 log.exception("lease sweeper")
             await asyncio.sleep(period)
+
+    async def _fail_unrunnable(self) -> None:
+        """Fail the pending groups that no described worker can run. Jobs admitted before any
+        worker answered Describe were accepted on trust (the API keeps no impl registry); once
+        every configured worker has been described, a group none of them offers would wait
+        forever, so its cases end as errors naming what the workers do offer."""
+        if not self.all_described():
+            return
+        pending = await asyncio.to_thread(self.store.pending_groups)
+        for job_id, group in pending:
+            reason = self.unrunnable_reason(group.op, [*group.impls, group.baseline])
+            if reason is None:
+                continue
+            log.warning("group %s of %s cannot run: %s", group.group_id, job_id, reason)
+            await asyncio.to_thread(self.store.finish_group, job_id, group.group_id, reason=reason)
+            self.notifier.notify(job_id)
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

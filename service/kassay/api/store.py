@@ -498,6 +498,17 @@ class Store:
             return Claim(r.job_id, spec.model_copy(update={"impls": remaining}), r.attempts + 1)
         return None
 
+    def pending_groups(self, limit: int = 1000) -> list[tuple[str, GroupSpec]]:
+        """(job id, spec) of the oldest pending groups, queue order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(groups.c.job_id, groups.c.spec)
+                .where(groups.c.state == "pending")
+                .order_by(groups.c.job_seq, groups.c.idx)
+                .limit(limit)
+            ).all()
+        return [(r.job_id, GroupSpec.model_validate(r.spec)) for r in rows]
+
     def renew_leases(self, keys: Iterable[tuple[str, str]], *, owner: str, lease_s: float) -> None:
         until = time.time() + lease_s
         with self.engine.begin() as conn:

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from kassay.ops.base import DTYPES
 from kassay.ops.flce import FlceParams
+from kassay.ops.runtime.base import DTYPES
 
 Tensors = dict[str, torch.Tensor]
 LossFn = Callable[..., Any]

@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 
-from kassay.ops.lse_merge import LseMergeParams, lse_to_th
+from kassay.ops.lse_merge import LseMergeParams
+from kassay.ops.runtime.lse_merge import lse_to_th
 
 Tensors = dict[str, torch.Tensor]
 MergeFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]

@@ -15,7 +15,7 @@ from kassay.impls import flce_harness, lse_harness
 from kassay.impls.registry import Impl, register
 from kassay.ops.flce import FlceParams
 from kassay.ops.lse_merge import LseMergeParams
-from kassay.ops.lse_merge import lse_to_th as _th
+from kassay.ops.runtime.lse_merge import lse_to_th as _th
 
 # ----------------------------------------------------------------------------------------- flce
 

@@ -1,25 +1,36 @@
-"""The op contract: what every op module provides to the engine.
+"""The op contract: what every op module provides to the API, the engine and the reports.
 
-An op is a mathematical contract, independent of any implementation: a params model, a seeded
-input generator with named regimes, a float64 reference, a FLOP/byte model for throughput and a
-model of the bytes an implementation cannot avoid allocating (its outputs and gradients).
+An op is a mathematical contract, independent of any implementation: a params model, named input
+regimes, the outputs an impl returns, a FLOP/byte model for throughput and a model of the bytes
+an implementation cannot avoid allocating (its outputs and gradients).
+
+This module and the op modules beside it import no torch: the API admits and prices jobs with
+them. What needs torch — the seeded input generator and the float64 reference — is the op's
+*runtime* (`kassay.ops.runtime.<op>`), imported only when `make_inputs` or `reference` is called,
+i.e. on a worker.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from pydantic import BaseModel, ConfigDict
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
+if TYPE_CHECKING:
+    import torch
+
+#: Bytes per element of every dtype an op's tensors come in (the cost models use it).
+ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a dtype name ("float32", "bfloat16", ...): imports torch."""
+    from kassay.ops.runtime.base import DTYPES
+
+    return DTYPES[name]
 
 
 class OpParams(BaseModel):
@@ -36,17 +47,23 @@ class OpParams(BaseModel):
 class OutputSpec:
     """One output of an op.
 
-    dtype: the dtype an impl is expected to return it in (used for ULP distances and for the
-    rounding floor of the tolerance). strict_dtype: a different dtype is itself a failure (e.g.
-    gradients must come back in the parameters' dtype under autocast).
+    dtype_name: the dtype an impl is expected to return it in ("float32", "bfloat16", ...; used
+    for ULP distances and for the rounding floor of the tolerance). strict_dtype: a different
+    dtype is itself a failure (e.g. gradients must come back in the parameters' dtype under
+    autocast).
     """
 
     name: str
-    dtype: torch.dtype
+    dtype_name: str
     strict_dtype: bool = False
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The expected dtype as a torch dtype (imports torch: runtime side only)."""
+        return torch_dtype(self.dtype_name)
 
-Tensors = dict[str, torch.Tensor]
+
+Tensors = dict[str, "torch.Tensor"]
 
 
 class Op(ABC):
@@ -56,6 +73,8 @@ class Op(ABC):
     params_model: ClassVar[type[OpParams]]
     regimes: ClassVar[tuple[str, ...]]
     description: ClassVar[str] = ""
+    #: module holding `make_inputs(params, regime, seed, device)` and `reference(inputs, params)`
+    runtime_module: ClassVar[str]
 
     def parse_params(self, raw: dict[str, Any]) -> OpParams:
         return self.params_model.model_validate(raw)
@@ -64,14 +83,20 @@ class Op(ABC):
     def outputs(self, params: Any) -> list[OutputSpec]:
         """The outputs an impl must return for these params, in report order."""
 
-    @abstractmethod
     def make_inputs(self, params: Any, regime: str, seed: int, device: torch.device) -> Tensors:
         """Seeded inputs: the same (params, regime, seed) give bit-identical tensors on every
-        machine of the same device type."""
+        machine of the same device type (the op's runtime; imports torch)."""
+        self.check_regime(regime)
+        inputs: Tensors = importlib.import_module(self.runtime_module).make_inputs(
+            params, regime, seed, device
+        )
+        return inputs
 
-    @abstractmethod
     def reference(self, inputs: Tensors, params: Any) -> Tensors:
-        """The float64 truth for every output, computed on the inputs' device in bounded memory."""
+        """The float64 truth for every output, computed on the inputs' device in bounded memory
+        (the op's runtime; imports torch)."""
+        out: Tensors = importlib.import_module(self.runtime_module).reference(inputs, params)
+        return out
 
     @abstractmethod
     def flops(self, params: Any) -> float:
@@ -118,9 +143,10 @@ class Op(ABC):
             )
 
 
-def generator(seed: int, device: torch.device, salt: int = 0) -> torch.Generator:
-    """A torch generator on `device` seeded from (seed, salt): one stream per input tensor so
-    that adding an input never shifts the values of the others."""
-    g = torch.Generator(device=device)
-    g.manual_seed((seed * 1_000_003 + salt) % (2**63 - 1))
-    return g
+def __getattr__(name: str) -> Any:
+    # `DTYPES` (name -> torch dtype) moved to the runtime; kept here for old imports.
+    if name == "DTYPES":
+        from kassay.ops.runtime.base import DTYPES
+
+        return DTYPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

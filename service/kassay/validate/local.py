@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 from kassay.validate.engine import run_group
 from kassay.validate.env import environment, resolve_device
 from kassay.validate.results import CaseResult, Report, Summary
-from kassay.validate.spec import DEFAULT_MAX_CASES, JobSpec, expand
+from kassay.validate.spec import DEFAULT_MAX_CASES, JobSpec, expand, local_impl_check
 
 
 def run_job(
@@ -22,7 +22,11 @@ def run_job(
     ceilings: bool = True,
 ) -> Report:
     groups = expand(
-        spec, max_cases=max_cases, include_mutants=include_mutants, include_testing=include_testing
+        spec,
+        max_cases=max_cases,
+        check_impl=local_impl_check(
+            include_mutants=include_mutants, include_testing=include_testing
+        ),
     )
     dev = resolve_device(device)
     created = datetime.now(timezone.utc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -164,18 +165,35 @@ def count_cases(spec: JobSpec) -> int:
     return total
 
 
+#: Checks that an impl exists for an op; raises InvalidSpecError (or a subclass) when it does not.
+ImplCheck = Callable[[str, str], None]
+
+
+def local_impl_check(*, include_mutants: bool = False, include_testing: bool = False) -> ImplCheck:
+    """An ImplCheck against this process's impl registry (imports torch: local runs only; the
+    API checks impl names against what its workers describe)."""
+    from kassay.impls import get_impl, load
+
+    load(mutants=include_mutants, testing=include_testing)
+
+    def check(op: str, name: str) -> None:
+        get_impl(op, name, include_mutants=include_mutants, include_testing=include_testing)
+
+    return check
+
+
 def expand(
     spec: JobSpec,
     *,
     max_cases: int = DEFAULT_MAX_CASES,
-    include_mutants: bool = False,
-    include_testing: bool = False,
+    check_impl: ImplCheck | None = None,
 ) -> list[GroupSpec]:
-    """Validate every suite against the op and impl registries and expand the grids.
+    """Validate every suite against the op contracts (and the impls through `check_impl`, when
+    given) and expand the grids.
 
     Raises InvalidSpecError (unknown op/impl/regime, invalid params with the grid point named)
-    or CaseLimitError when the job has more cases than min(max_cases, spec.max_cases)."""
-    from kassay.impls import get_impl, load
+    or CaseLimitError when the job has more cases than min(max_cases, spec.max_cases).
+    Imports no torch unless `check_impl` does."""
     from kassay.ops import get_op
 
     cap = min(max_cases, spec.max_cases or max_cases)
@@ -185,7 +203,6 @@ def expand(
             f"job expands to {n} cases, over the cap of {cap}; split it or shrink the grid",
             details={"cases": n, "cap": cap},
         )
-    load(mutants=include_mutants, testing=include_testing)
     groups: list[GroupSpec] = []
     for si, suite in enumerate(spec.suites):
         try:
@@ -194,10 +211,10 @@ def expand(
             exc.details["loc"] = ["suites", si, "op"]
             raise
         for name in [*suite.impls, suite.baseline]:
+            if check_impl is None:
+                break
             try:
-                get_impl(
-                    op.name, name, include_mutants=include_mutants, include_testing=include_testing
-                )
+                check_impl(op.name, name)
             except InvalidSpecError as exc:
                 exc.details["loc"] = ["suites", si, "impls"]
                 raise

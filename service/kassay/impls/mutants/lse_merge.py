@@ -9,7 +9,7 @@ import torch
 from kassay.impls import lse_harness
 from kassay.impls.registry import Impl, register
 from kassay.impls.torch_impls import merge_torch, update_te_style, update_torch
-from kassay.ops.lse_merge import lse_to_th as _th
+from kassay.ops.runtime.lse_merge import lse_to_th as _th
 
 
 def _mutant(
