@@ -102,4 +102,30 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     app.include_router(jobs.router)
     app.include_router(system.router)
     app.include_router(dashboard.router)
+    _publish_spec_schema(app)
     return app
+
+
+def _publish_spec_schema(app: FastAPI) -> None:
+    """Put the job-spec model into the OpenAPI components: POST /v1/jobs reads its body itself
+    (JSON or YAML), so FastAPI cannot infer the schema the route's requestBody refers to."""
+    from fastapi.openapi.utils import get_openapi
+
+    from kassay.validate.spec import JobSpec
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            components.update(spec.pop("$defs", {}))
+            components["JobSpec"] = spec
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -296,11 +296,19 @@ class Dispatcher:
             first.group.group_id,
             first.attempt,
         )
-        request = pb.RunRequest(
-            run_id=run_id,
-            groups=[group_to_proto(c.group) for c in claims],
-            include_mutants=self.settings.enable_mutants,
-        )
+        try:
+            request = pb.RunRequest(
+                run_id=run_id,
+                groups=[group_to_proto(c.group) for c in claims],
+                include_mutants=self.settings.enable_mutants,
+            )
+        except Exception as exc:  # admission should have refused it; never leave it leased
+            log.exception("group(s) of %s cannot be sent to a worker", job_id)
+            for c in claims:
+                await self._settle(
+                    job_id, c.group.group_id, "refused", f"cannot be sent to a worker: {exc}"
+                )
+            return
         call = link.stub.Run(request)
         open_groups = {c.group.group_id for c in claims}
         for gid in open_groups:

@@ -7,9 +7,8 @@ more device memory than any worker has.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from kassay.api.store import JobRecord, Store, body_hash
 from kassay.errors import InvalidSpecError, ResourceError, UnknownImplError
@@ -39,13 +38,7 @@ def parse_body(body: bytes, content_type: str | None) -> JobSpec:
     if not body.strip():
         raise InvalidSpecError("the request body is empty: send a job spec as JSON or YAML")
     ctype = (content_type or "").split(";")[0].strip().lower()
-    if ctype == "application/json":
-        try:
-            data: Any = json.loads(body)
-        except ValueError as exc:
-            raise InvalidSpecError(f"the body is not valid JSON: {exc}") from None
-        return parse_spec(data)
-    return parse_spec(body)
+    return parse_spec(body, json_only=ctype == "application/json")
 
 
 def _check_impls(spec: JobSpec, workers: WorkerCatalog) -> None:

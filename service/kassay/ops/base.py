@@ -34,9 +34,10 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 class OpParams(BaseModel):
-    """Base of every op's params model: strict, no unknown fields, hashable dump."""
+    """Base of every op's params model: strict (an int is an int: not "16", 16.0 or true),
+    finite floats, no unknown fields, hashable dump."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
     def label(self) -> str:
         """Short, stable text naming this point of the grid (JUnit names, tables)."""

@@ -27,14 +27,14 @@ if TYPE_CHECKING:
 
 
 class FlceParams(OpParams):
-    N: int = Field(gt=0, description="rows (tokens)")
-    H: int = Field(gt=0, description="hidden size")
-    V: int = Field(gt=0, description="vocabulary size (classes)")
+    N: int = Field(gt=0, lt=2**63, description="rows (tokens)")
+    H: int = Field(gt=0, lt=2**63, description="hidden size")
+    V: int = Field(gt=0, lt=2**63, description="vocabulary size (classes)")
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     bias: bool = False
     autocast: Literal["none", "bfloat16", "float16"] = "none"
     reduction: Literal["mean", "sum", "none"] = "mean"
-    ignore_index: int = -100
+    ignore_index: int = Field(-100, ge=-(2**63), lt=2**63)
     ignore_fraction: float = Field(0.0, ge=0.0, le=1.0)
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0)
     softcap: float | None = Field(None, gt=0.0)

@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 
 
 class LseMergeParams(OpParams):
-    T: int = Field(gt=0, description="sequence length (query positions)")
-    Hh: int = Field(gt=0, description="attention heads")
-    D: int = Field(gt=0, description="head dimension")
+    T: int = Field(gt=0, lt=2**63, description="sequence length (query positions)")
+    Hh: int = Field(gt=0, lt=2**63, description="attention heads")
+    D: int = Field(gt=0, lt=2**63, description="head dimension")
     K: int = Field(2, ge=2, le=64, description="number of partial states")
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     lse_layout: Literal["hT", "Th"] = "hT"

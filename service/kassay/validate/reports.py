@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
@@ -103,6 +104,21 @@ def worst_output_lines(c: CaseResult) -> list[str]:
     return lines
 
 
+# What could make sender text act as Markdown/HTML in a table cell: code, emphasis, links,
+# raw HTML, cell breaks, strikethrough. (Intraword "_" stays readable: GFM ignores it.)
+_MD_SPECIAL = re.compile(r"([\\`*\[\]<>|~])")
+
+
+def _md(text: str, limit: int = 200) -> str:
+    """Text from a sender (names, labels, messages) as inert Markdown: one line, the
+    characters of code, emphasis, links, HTML and cell breaks backslash-escaped, at most
+    `limit` characters."""
+    one_line = " ".join(str(text).split())
+    if len(one_line) > limit:
+        one_line = one_line[: limit - 1] + "…"
+    return _MD_SPECIAL.sub(r"\\\1", one_line)
+
+
 def _fmt_ms(c: CaseResult) -> str:
     if not c.timing:
         return "-"
@@ -113,9 +129,9 @@ def _fmt_ms(c: CaseResult) -> str:
 def to_markdown(report: Report) -> str:
     s = report.summary
     icon = "✅" if s.ok else "❌"
-    out = [f"## {icon} kassay: {report.name}", ""]
+    out = [f"## {icon} kassay: {_md(report.name)}", ""]
     if report.labels:
-        out.append(" ".join(f"`{k}={v}`" for k, v in sorted(report.labels.items())))
+        out.append(" · ".join(f"{_md(k)}={_md(v)}" for k, v in sorted(report.labels.items())))
         out.append("")
     out.append(
         f"**{s.total} cases**: {s.passed} passed, {s.failed} failed, {s.error} error, "
@@ -132,7 +148,7 @@ def to_markdown(report: Report) -> str:
         agg[(c.op, c.impl)].append(c)
     for (op, impl), cs in sorted(agg.items()):
         out.append(
-            f"| {op} | {impl} | {len(cs)} | {sum(c.status == 'passed' for c in cs)} | "
+            f"| {_md(op)} | {_md(impl)} | {len(cs)} | {sum(c.status == 'passed' for c in cs)} | "
             f"{sum(c.status == 'failed' for c in cs)} | "
             f"{sum(c.status in ('error', 'crashed', 'timeout') for c in cs)} | "
             f"{sum(c.status in ('unsupported', 'skipped') for c in cs)} |"
@@ -149,7 +165,7 @@ def to_markdown(report: Report) -> str:
         for c in bad[:50]:
             detail = worst_output(c) if c.status == "failed" else c.message
             out.append(
-                f"| {c.op}.{c.impl} | {c.label()} | {c.status} | {detail.replace('|', '/')[:200]} |"
+                f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {c.status} | {_md(detail)} |"
             )
         if len(bad) > 50:
             out.append(f"| … | {len(bad) - 50} more | | |")
@@ -172,7 +188,7 @@ def to_markdown(report: Report) -> str:
                 else "-"
             )
             out.append(
-                f"| {c.op}.{c.impl} | {c.label()} | {c.dtype} | {_fmt_ms(c)} | "
+                f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {c.dtype} | {_fmt_ms(c)} | "
                 f"{t.tflops or 0:.3g} | {t.gbps or 0:.3g} | "
                 f"{(t.roofline_fraction or 0) * 100:.1f}% | "
                 f"{f'{t.speedup_vs_baseline:.2f}x' if t.speedup_vs_baseline else '-'} | {mem} |"
@@ -181,8 +197,8 @@ def to_markdown(report: Report) -> str:
         e = report.environments[0]
         out += [
             "",
-            f"<sub>{e.device_name} ({e.device}), torch {e.torch}, triton {e.triton}, "
-            f"kassay {e.kassay}</sub>",
+            f"<sub>{_md(str(e.device_name))} ({_md(str(e.device))}), torch {_md(str(e.torch))}, "
+            f"triton {_md(str(e.triton))}, kassay {_md(str(e.kassay))}</sub>",
         ]
     return "\n".join(out) + "\n"
 

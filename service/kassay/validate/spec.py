@@ -14,14 +14,25 @@ import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kassay.errors import CaseLimitError, InvalidSpecError
+from kassay.validate.documents import load_document
 
 DEFAULT_MAX_CASES = 10_000
+
+# Specs come from untrusted senders and travel to workers as protobuf: values must be what they
+# say (no "16" or true for an int), finite, and fit the wire (int64) and the store's columns.
+_STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+#: names of ops, impls and regimes
+Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")]
+LabelKey = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-/]+$")]
+LabelValue = Annotated[str, Field(max_length=1000)]
+MAX_LABELS = 64
+#: seeds travel as int64
+Seed = Annotated[int, Field(ge=0, lt=2**63)]
 
 
 class TolerancePolicy(BaseModel):
@@ -30,7 +41,7 @@ class TolerancePolicy(BaseModel):
     convention). `absolute`: |out - ref| <= atol + rtol * |ref| for every element, with per-dtype
     defaults as torch.testing uses."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     policy: Literal["baseline", "absolute"] = "baseline"
     factor: float = Field(2.0, gt=0)
     atol: float | None = Field(None, ge=0)
@@ -42,7 +53,7 @@ class TimingPolicy(BaseModel):
     is under `target_rel_sem` of the median (at least `min_reps`), or `max_reps` / `budget_s`
     ends. On CUDA the L2 cache is flushed before each repetition."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     enabled: bool = True
     warmup: int = Field(2, ge=0, le=100)
     min_reps: int = Field(5, ge=1, le=10_000)
@@ -53,13 +64,13 @@ class TimingPolicy(BaseModel):
 
 
 class Suite(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    op: str
-    impls: list[str] = Field(min_length=1)
-    baseline: str = "torch"
-    params: dict[str, Any] = Field(default_factory=dict)
-    regimes: list[str] = Field(default_factory=lambda: ["normal"], min_length=1)
-    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+    model_config = _STRICT
+    op: Name
+    impls: list[Name] = Field(min_length=1, max_length=64)
+    baseline: Name = "torch"
+    params: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    regimes: list[Name] = Field(default_factory=lambda: ["normal"], min_length=1, max_length=64)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=1000)
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
 
@@ -72,24 +83,24 @@ class Suite(BaseModel):
 
 
 class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     name: str = Field(min_length=1, max_length=200)
-    labels: dict[str, str] = Field(default_factory=dict)
-    suites: list[Suite] = Field(min_length=1)
-    max_cases: int | None = Field(None, gt=0)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
+    suites: list[Suite] = Field(min_length=1, max_length=100)
+    max_cases: int | None = Field(None, gt=0, lt=2**63)
 
 
 class GroupSpec(BaseModel):
     """One input group: shared inputs and reference, several impls. `params` is the op's
     validated params dump. Sent to workers as is."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _STRICT
     group_id: str
     suite_index: int = 0
     op: str
     params: dict[str, Any]
     regime: str = "normal"
-    seed: int = 0
+    seed: Seed = 0
     impls: list[str]
     baseline: str = "torch"
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
@@ -108,15 +119,10 @@ def _group_id(op: str, params: dict[str, Any], regime: str, seed: int, suite_ind
     return f"g{suite_index}-{hashlib.sha1(key.encode()).hexdigest()[:12]}"
 
 
-def parse_spec(data: str | bytes | dict[str, Any]) -> JobSpec:
-    """Parse a job spec from YAML/JSON text or a dict; errors name the field path."""
-    if isinstance(data, (str, bytes)):
-        try:
-            raw = yaml.safe_load(data)
-        except yaml.YAMLError as exc:
-            raise InvalidSpecError(f"job spec is not valid YAML or JSON: {exc}") from None
-    else:
-        raw = data
+def parse_spec(data: str | bytes | dict[str, Any], *, json_only: bool = False) -> JobSpec:
+    """Parse a job spec from YAML/JSON text (bounded: see kassay.validate.documents) or a dict;
+    errors name the field path."""
+    raw = load_document(data, json_only=json_only) if isinstance(data, (str, bytes)) else data
     if not isinstance(raw, dict):
         raise InvalidSpecError("job spec must be a mapping with name and suites")
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -71,8 +72,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
         "requestBody": {
             "required": True,
             "content": {
-                "application/json": {"schema": {"type": "object"}},
-                "application/yaml": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+                "application/yaml": {
+                    "schema": {
+                        "type": "string",
+                        "description": "the same JobSpec written as YAML (aliases bounded)",
+                    }
+                },
             },
         }
     },
@@ -137,7 +143,7 @@ def list_jobs(
     label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
     name: str | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(pattern=r"^\d+$")] = None,
+    cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
 ) -> JobPage:
     """Jobs, newest first, filtered by state, labels and name; paginated by cursor."""
     rows = svc.store.list_jobs(
@@ -220,15 +226,22 @@ async def job_events(
     job_id: str,
     request: Request,
     svc: Annotated[Services, Depends(services)],
-    after: Annotated[int, Query(ge=0, description="skip results up to this event id")] = 0,
-    last_event_id: Annotated[str | None, Header()] = None,
+    after: Annotated[
+        int, Query(ge=0, lt=2**63, description="skip results up to this event id")
+    ] = 0,
+    last_event_id: Annotated[str | None, Header(max_length=100)] = None,
 ) -> EventSourceResponse:
     """Server-sent events: one `result` event per case result (id = its sequence number in the
     job, data = the CaseResult JSON), in the order they were stored, then one `final` event
     with the job (state, progress). Reconnect with Last-Event-ID to resume."""
     await run_in_threadpool(svc.store.require_job, job_id)
     start = after
-    if last_event_id and last_event_id.isdigit():
+    if last_event_id:
+        if not re.fullmatch(r"[0-9]{1,18}", last_event_id):
+            raise InvalidSpecError(
+                "Last-Event-ID must be an event id this stream sent (a decimal number)",
+                details={"errors": [{"loc": ["header", "last-event-id"], "msg": "not an id"}]},
+            )
         start = max(start, int(last_event_id))
 
     async def stream() -> AsyncIterator[dict[str, Any]]:

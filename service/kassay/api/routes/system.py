@@ -34,7 +34,21 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", tags=["health"])
+_READY_BODY = {
+    "application/json": {
+        "example": {"database": "ok", "workers_up": 1, "workers": 1, "status": "ready"}
+    }
+}
+
+
+@router.get(
+    "/readyz",
+    tags=["health"],
+    responses={
+        200: {"description": "ready", "content": _READY_BODY},
+        503: {"description": "not ready (the body says why)", "content": _READY_BODY},
+    },
+)
 async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     """Readiness: the database answers and, when workers are configured, at least one is up."""
     body: dict[str, Any] = {
