@@ -11,6 +11,7 @@ from sqlalchemy import Engine, and_, select, update
 
 from kassay.api.store.jobs import Jobs
 from kassay.api.tables import cases, groups, jobs
+from kassay.validate.case_result import case_result
 from kassay.validate.results import CaseResult, Environment, Report, Summary
 from kassay.validate.spec import GroupSpec
 
@@ -125,7 +126,7 @@ class Results:
         """Give every case of the group still without a result `status` with `reason`."""
         with self.engine.connect() as conn:
             missing = conn.execute(
-                select(cases.c.case_id, cases.c.impl, cases.c.dtype)
+                select(cases.c.impl, cases.c.dtype)
                 .where(
                     and_(
                         cases.c.job_id == job_id,
@@ -148,17 +149,5 @@ class Results:
         for m in missing:
             self.record_result(
                 job_id,
-                CaseResult(
-                    case_id=m.case_id,
-                    group_id=group_id,
-                    suite_index=spec.suite_index,
-                    op=spec.op,
-                    impl=m.impl,
-                    params=spec.params,
-                    regime=spec.regime,
-                    seed=spec.seed,
-                    dtype=m.dtype,
-                    status=status,
-                    message=reason,
-                ),
-            )  # type: ignore[arg-type]
+                case_result(spec, m.impl, status, reason, dtype=m.dtype),  # type: ignore[arg-type]
+            )
