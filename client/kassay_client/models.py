@@ -58,6 +58,7 @@ class CaseResult(_Model):
 
     case_id: str
     group_id: str
+    suite_index: int = 0
     op: str
     impl: str
     params: dict[str, Any] = Field(default_factory=dict)
@@ -72,6 +73,7 @@ class CaseResult(_Model):
     duration_s: float = 0.0
     worker: str | None = None
     device: str | None = None
+    environment: dict[str, Any] | None = None
 
 
 class Summary(_Model):
@@ -111,6 +113,7 @@ class Worker(_Model):
     running: list[str] = Field(default_factory=list)
     last_seen: datetime | None = None
     last_error: str | None = None
+    environment: dict[str, Any] | None = None
 
 
 class JobEvent(_Model):

@@ -254,6 +254,26 @@ def test_run_isolates_crash_hang_and_raise(worker: Worker) -> None:
     assert d.executor.restarts >= 2
 
 
+def test_a_crashed_amp_case_is_named_as_the_engine_names_it(worker: Worker) -> None:
+    """An AMP flce group: the engine reports `raise` (error), the supervisor reports `crash`
+    itself (the executor died); both name the case's dtype amp-bfloat16."""
+    group = pb.GroupSpec(
+        group_id="g-amp",
+        op="flce",
+        impls=["raise", "crash"],
+        flce=pb.FlceParams(N=4, H=8, V=16, dtype="float32", autocast="bfloat16"),
+        timing=pb.TimingPolicy(enabled=False),
+    )
+    events = _collect(
+        worker.stub.Run(pb.RunRequest(run_id="itest-amp", groups=[group]), timeout=90)
+    )
+    results = {ev.result.impl: ev.result for _, ev in events if ev.HasField("result")}
+    assert {k: (r.status, r.dtype) for k, r in results.items()} == {
+        "raise": ("error", "amp-bfloat16"),
+        "crash": ("crashed", "amp-bfloat16"),
+    }, {k: r.message for k, r in results.items()}
+
+
 def test_queued_runs_share_the_device(worker: Worker) -> None:
     """Two Run calls at once: both complete, each gets only its own events."""
     out: dict[str, list[pb.CaseEvent]] = {}

@@ -19,6 +19,7 @@ import torch
 
 from kassay.impls import Impl, get_impl, load
 from kassay.ops import Op, OutputSpec, get_op
+from kassay.validate.case_result import case_result
 from kassay.validate.ceilings import measure_ceilings
 from kassay.validate.env import environment, resolve_device
 from kassay.validate.metrics import RawMetrics, compare, rounding_error
@@ -208,19 +209,11 @@ class GroupRunner:
         self.poison = 2 * self.op.unavoidable_bytes(self.params)
 
     def _result(self, impl_name: str, status: str, message: str = "", **kw: Any) -> CaseResult:
-        g = self.group
-        return CaseResult(
-            case_id=case_id(g.group_id, impl_name),
-            group_id=g.group_id,
-            suite_index=g.suite_index,
-            op=g.op,
-            impl=impl_name,
-            params=g.params,
-            regime=g.regime,
-            seed=g.seed,
-            dtype=self.op.case_dtype(self.params),
-            status=status,  # type: ignore[arg-type]
-            message=message,
+        return case_result(
+            self.group,
+            impl_name,
+            status,  # type: ignore[arg-type]
+            message,
             worker=self.worker,
             device=str(self.device),
             environment=self.env,

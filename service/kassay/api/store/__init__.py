@@ -1,0 +1,82 @@
+"""The job store: jobs, input groups and case results in any SQLAlchemy database.
+
+SQLite (a file, WAL journal) by default; PostgreSQL or any other SQLAlchemy URL by setting.
+Results persist one by one as workers report them. A case's result is written at most once (the
+update only touches a row whose status is still NULL), so a group re-run after a lost worker or
+a restarted API never duplicates a case, and never re-runs one: the dispatcher sends only the
+impls of a group that have no result yet.
+
+Three parts share one engine: `jobs` (job records), `queue` (the group queue: claims, leases,
+requeue, cancel) and `results` (case results, environments, reports). `Store` holds them and
+offers their methods under the names callers use.
+
+Every method is synchronous and short; the async dispatcher calls them through a thread.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from kassay.api.store.database import make_engine, sqlite_file
+from kassay.api.store.jobs import ACTIVE_STATES, JOB_STATES, JobRecord, Jobs, body_hash, new_job_id
+from kassay.api.store.queue import Claim, GroupQueue
+from kassay.api.store.results import Results
+from kassay.api.tables import metadata
+
+
+class Store:
+    """Jobs, groups and cases in one database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        metadata.create_all(self.engine)
+        self.jobs = Jobs(self.engine, sqlite_file(url))
+        self.results = Results(self.engine, self.jobs)
+        self.queue = GroupQueue(self.engine, self.jobs, self.results)
+        # The parts' methods, bound here so that callers keep one object to talk to.
+        self.create_job = self.jobs.create_job
+        self.find_by_key = self.jobs.find_by_key
+        self.get_job = self.jobs.get_job
+        self.require_job = self.jobs.require_job
+        self.list_jobs = self.jobs.list_jobs
+        self.active_job_ids = self.jobs.active_job_ids
+        self.queue_depth = self.queue.queue_depth
+        self.claim_groups = self.queue.claim_groups
+        self.claim_group = self.queue.claim_group
+        self.pending_groups = self.queue.pending_groups
+        self.renew_leases = self.queue.renew_leases
+        self.requeue_expired = self.queue.requeue_expired
+        self.requeue_group = self.queue.requeue_group
+        self.release_group = self.queue.release_group
+        self.finish_group = self.queue.finish_group
+        self.group_state = self.queue.group_state
+        self.cancel_job = self.queue.cancel_job
+        self.record_result = self.results.record_result
+        self.add_environment = self.results.add_environment
+        self.results_since = self.results.results_since
+        self.case_results = self.results.case_results
+        self.report = self.results.report
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> bool:
+        with self.engine.connect() as conn:
+            conn.execute(select(1)).scalar()
+        return True
+
+
+__all__ = [
+    "ACTIVE_STATES",
+    "JOB_STATES",
+    "Claim",
+    "GroupQueue",
+    "JobRecord",
+    "Jobs",
+    "Results",
+    "Store",
+    "body_hash",
+    "make_engine",
+    "new_job_id",
+]

@@ -1,0 +1,374 @@
+"""The group queue: input groups waiting for a worker, leased to one (claims that expire unless
+renewed), requeued when their worker is lost, finished when their cases are in, cancelled with
+their job."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    String,
+    and_,
+    func,
+    select,
+    true,
+    type_coerce,
+    update,
+)
+from sqlalchemy.sql.elements import ColumnElement
+
+from kassay.api.store.jobs import ACTIVE_STATES, JobRecord, Jobs
+from kassay.api.store.results import Results
+from kassay.api.tables import cases, groups, jobs
+from kassay.validate.spec import GroupSpec
+
+
+@dataclass
+class Claim:
+    """An input group leased to one worker: the impls still to run and the attempt number."""
+
+    job_id: str
+    group: GroupSpec
+    attempt: int
+
+
+def _leased_by(job_id: str, group_id: str, owner: str) -> ColumnElement[bool]:
+    """The group, while `owner` (an API process) holds its lease."""
+    return and_(
+        groups.c.job_id == job_id,
+        groups.c.group_id == group_id,
+        groups.c.state == "leased",
+        groups.c.owner == owner,
+    )
+
+
+class GroupQueue:
+    """The input groups of every job and their leases. Finishing a group fills in its cases
+    that have no result (through `results`)."""
+
+    def __init__(self, engine: Engine, jobs: Jobs, results: Results) -> None:
+        self.engine = engine
+        self.jobs = jobs
+        self.results = results
+
+    def queue_depth(self) -> int:
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    select(func.count()).select_from(groups).where(groups.c.state == "pending")
+                ).scalar()
+                or 0
+            )
+
+    # ---------------------------------------------------------------- groups
+
+    def claim_groups(
+        self,
+        n: int,
+        *,
+        worker: str,
+        owner: str,
+        lease_s: float,
+        impls: set[str] | None = None,
+        share: int = 1,
+    ) -> list[Claim]:
+        """Lease up to `n` pending groups to `worker`, all of the oldest queued job's.
+
+        `share` is how many workers are taking from the queue: a claim then takes at most its
+        fair part of the job's pending groups (rounded up), so one worker does not batch away
+        a job while the others idle."""
+        first = self.claim_group(worker=worker, owner=owner, lease_s=lease_s, impls=impls)
+        if first is None:
+            return []
+        if share > 1 and n > 1:
+            with self.engine.connect() as conn:
+                pending = conn.execute(
+                    select(func.count())
+                    .select_from(groups)
+                    .where(and_(groups.c.job_id == first.job_id, groups.c.state == "pending"))
+                ).scalar_one()
+            n = min(n, max(1, -(-(pending + 1) // share)))
+        claims = [first]
+        while len(claims) < n:
+            more = self.claim_group(
+                worker=worker, owner=owner, lease_s=lease_s, impls=impls, job_id=first.job_id
+            )
+            if more is None:
+                break
+            claims.append(more)
+        return claims
+
+    def claim_group(
+        self,
+        *,
+        worker: str,
+        owner: str,
+        lease_s: float,
+        impls: set[str] | None = None,
+        job_id: str | None = None,
+    ) -> Claim | None:
+        """Lease the oldest pending group to `worker`; None when nothing is queued.
+        `impls` (what the worker offers, None = anything) skips groups it cannot run;
+        `job_id` restricts the claim to one job."""
+        for _ in range(20):  # another dispatcher may win the same row: try the next one
+            with self.engine.connect() as conn:
+                rows = conn.execute(
+                    select(
+                        groups.c.job_id,
+                        groups.c.group_id,
+                        # raw text: only the specs looked at below are decoded
+                        type_coerce(groups.c.spec, String).label("spec"),
+                        groups.c.attempts,
+                    )
+                    .where(
+                        and_(
+                            groups.c.state == "pending",
+                            groups.c.job_id == job_id if job_id is not None else true(),
+                        )
+                    )
+                    .order_by(groups.c.job_seq, groups.c.idx)
+                    .limit(50)
+                ).all()
+            if not rows:
+                return None
+            picked = None
+            for r in rows:
+                raw = r.spec
+                spec = GroupSpec.model_validate(json.loads(raw) if isinstance(raw, str) else raw)
+                if impls is None or set(spec.impls) <= impls:
+                    picked = (r, spec)
+                    break
+            if picked is None:
+                return None
+            r, spec = picked
+            now = time.time()
+            with self.engine.begin() as conn:
+                res = conn.execute(
+                    update(groups)
+                    .where(
+                        and_(
+                            groups.c.job_id == r.job_id,
+                            groups.c.group_id == r.group_id,
+                            groups.c.state == "pending",
+                        )
+                    )
+                    .values(
+                        state="leased",
+                        worker=worker,
+                        owner=owner,
+                        attempts=r.attempts + 1,
+                        lease_expires_at=now + lease_s,
+                    )
+                )
+                if res.rowcount != 1:
+                    continue
+                conn.execute(
+                    update(jobs)
+                    .where(and_(jobs.c.id == r.job_id, jobs.c.state == "queued"))
+                    .values(state="running", started_at=now)
+                )
+                done = {
+                    row[0]
+                    for row in conn.execute(
+                        select(cases.c.impl).where(
+                            and_(
+                                cases.c.job_id == r.job_id,
+                                cases.c.group_id == r.group_id,
+                                cases.c.status.is_not(None),
+                            )
+                        )
+                    )
+                }
+            remaining = [i for i in spec.impls if i not in done]
+            if not remaining:  # every case already reported (e.g. before a restart)
+                self.finish_group(r.job_id, r.group_id, reason="")
+                continue
+            return Claim(r.job_id, spec.model_copy(update={"impls": remaining}), r.attempts + 1)
+        return None
+
+    def pending_groups(self, limit: int = 1000) -> list[tuple[str, GroupSpec]]:
+        """(job id, spec) of the oldest pending groups, queue order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(groups.c.job_id, groups.c.spec)
+                .where(groups.c.state == "pending")
+                .order_by(groups.c.job_seq, groups.c.idx)
+                .limit(limit)
+            ).all()
+        return [(r.job_id, GroupSpec.model_validate(r.spec)) for r in rows]
+
+    def renew_leases(self, keys: Iterable[tuple[str, str]], *, owner: str, lease_s: float) -> None:
+        until = time.time() + lease_s
+        with self.engine.begin() as conn:
+            for job_id, group_id in keys:
+                conn.execute(
+                    update(groups)
+                    .where(_leased_by(job_id, group_id, owner))
+                    .values(lease_expires_at=until)
+                )
+
+    def requeue_expired(self, *, max_attempts: int) -> list[tuple[str, str]]:
+        """Requeue leased groups whose lease ran out (their dispatcher died)."""
+        now = time.time()
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(groups.c.job_id, groups.c.group_id).where(
+                    and_(groups.c.state == "leased", groups.c.lease_expires_at < now)
+                )
+            ).all()
+        out = []
+        for r in rows:
+            self.requeue_group(
+                r.job_id, r.group_id, reason="lease expired", max_attempts=max_attempts
+            )
+            out.append((r.job_id, r.group_id))
+        return out
+
+    def requeue_group(self, job_id: str, group_id: str, *, reason: str, max_attempts: int) -> bool:
+        """Give a group back to the queue after its worker was lost. Returns True if it was
+        requeued; after `max_attempts` its unfinished cases become `error: worker lost`."""
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                select(groups.c.attempts, groups.c.state).where(
+                    and_(groups.c.job_id == job_id, groups.c.group_id == group_id)
+                )
+            ).first()
+        if row is None or row.state != "leased":
+            return False
+        if row.attempts >= max_attempts:
+            self.finish_group(
+                job_id,
+                group_id,
+                status="error",
+                reason=f"worker lost: {reason} (after {row.attempts} attempts)",
+            )
+            return False
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(groups)
+                .where(
+                    and_(
+                        groups.c.job_id == job_id,
+                        groups.c.group_id == group_id,
+                        groups.c.state == "leased",
+                    )
+                )
+                .values(
+                    state="pending",
+                    worker=None,
+                    owner=None,
+                    lease_expires_at=None,
+                    last_error=reason,
+                )
+            )
+        return True
+
+    def release_group(self, job_id: str, group_id: str, *, owner: str) -> None:
+        """Put a group leased by `owner` back in the queue without counting the attempt (its
+        API is shutting down)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(groups)
+                .where(_leased_by(job_id, group_id, owner))
+                .values(
+                    state="pending",
+                    worker=None,
+                    owner=None,
+                    lease_expires_at=None,
+                    attempts=groups.c.attempts - 1,
+                )
+            )
+
+    def finish_group(
+        self,
+        job_id: str,
+        group_id: str,
+        *,
+        status: str = "error",
+        reason: str = "the worker returned no result for this case",
+    ) -> None:
+        """Mark a group done; any of its cases still without a result gets `status` with
+        `reason`. Finishes the job when it was its last open group."""
+        self.results.fill_missing(job_id, group_id, status=status, reason=reason)
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(groups)
+                .where(
+                    and_(
+                        groups.c.job_id == job_id,
+                        groups.c.group_id == group_id,
+                        groups.c.state.in_(("pending", "leased")),
+                    )
+                )
+                .values(state="done", lease_expires_at=None)
+            )
+            self._maybe_finish_job(conn, job_id)
+
+    def _maybe_finish_job(self, conn: Connection, job_id: str) -> None:
+        open_groups = conn.execute(
+            select(func.count())
+            .select_from(groups)
+            .where(and_(groups.c.job_id == job_id, groups.c.state.in_(("pending", "leased"))))
+        ).scalar()
+        if not open_groups:
+            conn.execute(
+                update(jobs)
+                .where(and_(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE_STATES)))
+                .values(state="finished", finished_at=time.time())
+            )
+
+    def group_state(self, job_id: str, group_id: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(groups.c.state).where(
+                    and_(groups.c.job_id == job_id, groups.c.group_id == group_id)
+                )
+            ).scalar()
+
+    # ---------------------------------------------------------------- cancel
+
+    def cancel_job(self, job_id: str) -> tuple[JobRecord, list[tuple[str, str]]]:
+        """Cancel a job: queued groups will not run; the cases without a result become
+        `skipped` ("job cancelled"). Returns the job and the groups that were running (the
+        dispatcher tells their workers). Cancelling a finished job changes nothing."""
+        job = self.jobs.require_job(job_id)
+        if job.state not in ACTIVE_STATES:
+            return job, []
+        with self.engine.begin() as conn:
+            running = [
+                (r.job_id, r.group_id)
+                for r in conn.execute(
+                    select(groups.c.job_id, groups.c.group_id).where(
+                        and_(groups.c.job_id == job_id, groups.c.state == "leased")
+                    )
+                )
+            ]
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(cancel_requested=True))
+            conn.execute(
+                update(groups)
+                .where(and_(groups.c.job_id == job_id, groups.c.state.in_(("pending", "leased"))))
+                .values(state="cancelled", lease_expires_at=None)
+            )
+        with self.engine.connect() as conn:
+            gids = [
+                r[0]
+                for r in conn.execute(
+                    select(groups.c.group_id)
+                    .where(groups.c.job_id == job_id)
+                    .order_by(groups.c.idx)
+                )
+            ]
+        for gid in gids:
+            self.results.fill_missing(job_id, gid, status="skipped", reason="job cancelled")
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(jobs)
+                .where(and_(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE_STATES)))
+                .values(state="cancelled", finished_at=time.time())
+            )
+        return self.jobs.require_job(job_id), running

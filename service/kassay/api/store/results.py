@@ -1,0 +1,153 @@
+"""Case results: each case's result written once as workers report it (numbered in arrival
+order: the SSE event ids), the environments of the workers that ran a job, and the job's report
+built from them."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sqlalchemy import Engine, and_, select, update
+
+from kassay.api.store.jobs import Jobs
+from kassay.api.tables import cases, groups, jobs
+from kassay.validate.case_result import case_result
+from kassay.validate.results import CaseResult, Environment, Report, Summary
+from kassay.validate.spec import GroupSpec
+
+
+class _Duplicate(Exception):
+    """Raised inside a transaction to roll back a duplicate result."""
+
+
+class Results:
+    """The case results of every job, and the reports made of them."""
+
+    def __init__(self, engine: Engine, jobs: Jobs) -> None:
+        self.engine = engine
+        self.jobs = jobs
+
+    def record_result(self, job_id: str, result: CaseResult) -> int | None:
+        """Write one case result unless the case already has one. Returns the result's
+        sequence number within the job (the SSE event id), or None for a duplicate."""
+        now = time.time()
+        col = jobs.c[result.status]
+        try:
+            with self.engine.begin() as conn:
+                # Two statements: take the job's next sequence number (RETURNING), then write
+                # the case with it; a case that already has a result rolls both back.
+                seq = int(
+                    conn.execute(
+                        update(jobs)
+                        .where(jobs.c.id == job_id)
+                        .values({jobs.c.done: jobs.c.done + 1, col: col + 1})
+                        .returning(jobs.c.done)
+                    ).scalar_one()
+                )
+                res = conn.execute(
+                    update(cases)
+                    .where(
+                        and_(
+                            cases.c.job_id == job_id,
+                            cases.c.case_id == result.case_id,
+                            cases.c.status.is_(None),
+                        )
+                    )
+                    .values(
+                        status=result.status,
+                        result=result.model_dump(mode="json"),
+                        finished_at=now,
+                        seq=seq,
+                    )
+                )
+                if res.rowcount != 1:
+                    raise _Duplicate
+        except _Duplicate:
+            return None
+        return seq
+
+    def add_environment(self, job_id: str, env: dict[str, Any]) -> None:
+        """Record a worker environment once per job (deduplicated by device and host)."""
+        key = (env.get("hostname"), env.get("device"), env.get("device_name"))
+        with self.engine.begin() as conn:
+            cur = conn.execute(select(jobs.c.environments).where(jobs.c.id == job_id)).scalar()
+            envs = list(cur or [])
+            if any((e.get("hostname"), e.get("device"), e.get("device_name")) == key for e in envs):
+                return
+            envs.append(env)
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(environments=envs))
+
+    def results_since(self, job_id: str, after: int, limit: int = 500) -> list[tuple[int, dict]]:
+        """Results with seq > after, in the order they arrived."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(cases.c.seq, cases.c.result)
+                .where(and_(cases.c.job_id == job_id, cases.c.seq > after))
+                .order_by(cases.c.seq)
+                .limit(limit)
+            ).all()
+        return [(int(r.seq), r.result) for r in rows]
+
+    def case_results(self, job_id: str) -> list[CaseResult]:
+        """Finished cases of a job in expansion order."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(cases.c.result)
+                .where(and_(cases.c.job_id == job_id, cases.c.status.is_not(None)))
+                .order_by(cases.c.idx)
+            ).all()
+        return [CaseResult.model_validate(r.result) for r in rows]
+
+    def report(self, job_id: str) -> Report:
+        """The job's report as it stands (partial while the job runs)."""
+        from datetime import datetime, timezone
+
+        job = self.jobs.require_job(job_id, full=True)
+        results = self.case_results(job_id)
+
+        def ts(t: float | None) -> datetime | None:
+            return datetime.fromtimestamp(t, timezone.utc) if t is not None else None
+
+        created = ts(job.created_at)
+        assert created is not None
+        return Report(
+            job_id=job.id,
+            name=job.name,
+            labels=job.labels,
+            state=job.state,
+            created_at=created,
+            finished_at=ts(job.finished_at),
+            environments=[Environment.model_validate(e) for e in job.environments],
+            summary=Summary.of(results),
+            cases=results,
+        )
+
+    def fill_missing(self, job_id: str, group_id: str, *, status: str, reason: str) -> None:
+        """Give every case of the group still without a result `status` with `reason`."""
+        with self.engine.connect() as conn:
+            missing = conn.execute(
+                select(cases.c.impl, cases.c.dtype)
+                .where(
+                    and_(
+                        cases.c.job_id == job_id,
+                        cases.c.group_id == group_id,
+                        cases.c.status.is_(None),
+                    )
+                )
+                .order_by(cases.c.idx)
+            ).all()
+            if not missing:  # the usual case: every result arrived; skip decoding the spec
+                return
+            g = conn.execute(
+                select(groups.c.spec).where(
+                    and_(groups.c.job_id == job_id, groups.c.group_id == group_id)
+                )
+            ).first()
+        if g is None:
+            return
+        spec = GroupSpec.model_validate(g.spec)
+        for m in missing:
+            self.record_result(
+                job_id,
+                case_result(spec, m.impl, status, reason, dtype=m.dtype),  # type: ignore[arg-type]
+            )

@@ -1,0 +1,270 @@
+"""One input group on the executor, case by case.
+
+The supervisor hands a queued group to a `GroupRun`, which sends the impls not yet run to the
+executor and follows its messages: a case starts, a case's result arrives, the group fails as a
+whole, the group is done. What the executor cannot report is reported here: a case that outlives
+its timeout (`timeout`), an executor that dies (`crashed`, with its exit and its last stderr
+lines), a group whose inputs or reference failed (`error`). After a crash or a timeout the next
+attempt, on a fresh executor, goes on with the impls not yet run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kassay.validate.case_result import case_result
+from kassay.validate.results import CaseResult, Status
+from kassay.validate.spec import GroupSpec, case_id
+from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError, describe_exit
+
+if TYPE_CHECKING:
+    from kassay.worker.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+
+class RunSink(Protocol):
+    """Where the events of one run go (the server turns them into kassay.v1.CaseEvent)."""
+
+    def started(self, case_id: str, group_id: str, impl: str, attempt: int) -> None: ...
+
+    def result(self, result: CaseResult) -> None: ...
+
+    def done(
+        self, group_id: str, n_results: int, not_run: list[str], reason: str, duration_s: float
+    ) -> None: ...
+
+    def finished(self) -> None: ...
+
+
+@dataclass
+class RunHandle:
+    run_id: str
+    sink: RunSink
+    include_mutants: bool = False
+    case_timeout_s: float | None = None
+    pending: int = 0
+    cancelled: bool = False
+    groups: list[str] = field(default_factory=list)
+
+
+@dataclass
+class QueuedGroup:
+    """A group of a run, waiting for the executor."""
+
+    run: RunHandle
+    group: GroupSpec
+
+
+class GroupRun:
+    """The group on the executor now: its progress (results sent, impls left) and the steps that
+    follow each case."""
+
+    def __init__(self, sup: Supervisor, item: QueuedGroup) -> None:
+        self.sup = sup
+        self.item = item
+        self.run = item.run
+        self.group = item.group
+        self.remaining = list(item.group.impls)
+        self.n_results = 0
+        self.t0 = time.monotonic()
+        self.timeout = self.run.case_timeout_s or sup.case_timeout_s
+        self.attempt = 0
+        # The attempt under way: the impl running now (None while the executor prepares the
+        # group or between cases) and when the clock of the next step started.
+        self.current: str | None = None
+        self.started_at = self.t0
+        self.deadline = self.t0 + self.timeout
+
+    # --------------------------------------------------------------------------- the group
+
+    async def execute(self) -> str:
+        """Run the group's impls, over as many executors as crashes need. Returns why impls
+        were left without a result ('' when every impl has one)."""
+        self.sup.current_group = self.group.group_id
+        not_run_reason = ""
+        while self.remaining:
+            reason = self.sup.stop_reason(self.run)
+            if reason is not None:
+                not_run_reason = reason
+                break
+            if not await self._attempt():
+                break
+        if self.remaining and not not_run_reason:
+            not_run_reason = self.sup.stop_reason(self.run) or "not run"
+        return not_run_reason
+
+    def not_run(self) -> list[str]:
+        """The case ids still without a result."""
+        return [case_id(self.group.group_id, i) for i in self.remaining]
+
+    async def _attempt(self) -> bool:
+        """Send the impls not yet run to the executor and follow them until the attempt ends.
+        False when no executor can be had (the impls left are then reported `error`)."""
+        try:
+            exe = await self.sup.ensure_executor()
+        except ExecutorStartError as exc:
+            self._report_remaining("error", f"executor unavailable: {exc}")
+            return False
+        self.attempt += 1
+        self.sup.interrupt.clear()
+        if self.sup.stop_reason(self.run):
+            return True  # execute() sees the reason and stops
+        sub = self.group.model_copy(update={"impls": list(self.remaining)})
+        if not exe.send_run(sub, include_mutants=self.run.include_mutants):
+            await self.sup.lose_executor(exe, kill=True)
+            return True
+        await self.sup.mark_busy()
+        await self._follow(exe)
+        await self.sup.mark_idle()
+        return True
+
+    async def _follow(self, exe: ExecutorProcess) -> None:
+        """Handle the executor's events until the attempt ends: every impl reported, the group
+        failed, the executor died or was killed (timeout, cancel)."""
+        self._restart_clock(time.monotonic())
+        self.current = None
+        over = False
+        while not over:
+            # Cancelling a run stops it at once; draining lets the running case finish.
+            interruptible = not (self.sup.draining and self.current is not None)
+            kind, msg = await exe.next_event(
+                self.deadline, self.sup.interrupt if interruptible else None
+            )
+            now = time.monotonic()
+            if kind == "interrupt":
+                over = await self._on_interrupt(exe)
+            elif kind == "timeout":
+                await self._on_timeout(exe, now)
+                over = True
+            elif kind == "eof":
+                await self._on_executor_died(exe, now)
+                over = True
+            else:
+                assert msg is not None
+                over = await self._on_message(exe, msg, now)
+
+    # ------------------------------------------------------------------- executor events
+
+    async def _on_interrupt(self, exe: ExecutorProcess) -> bool:
+        """The run was cancelled or the worker drains (or another run was cancelled: then go
+        on). True when the attempt ends here (the executor is killed)."""
+        if self.sup.stop_reason(self.run) is None:
+            self.sup.interrupt.clear()
+            return False
+        if self.current is not None and not self.run.cancelled:
+            return False  # draining: the running case may finish
+        await self.sup.lose_executor(exe, kill=True)
+        return True
+
+    async def _on_timeout(self, exe: ExecutorProcess, now: float) -> None:
+        """The running case (or the group's preparation) outlived the timeout: kill the
+        executor and report it (or every impl left) `timeout`."""
+        await self.sup.lose_executor(exe, kill=True)
+        if self.current is not None:
+            self._report_synthetic(
+                self.current,
+                "timeout",
+                f"case exceeded its timeout of {self.timeout:g} s; the executor was "
+                "killed and restarted",
+                now - self.started_at,
+            )
+        else:
+            self._report_remaining(
+                "timeout",
+                f"preparing the group (inputs, reference, baseline) exceeded "
+                f"the case timeout of {self.timeout:g} s",
+                now - self.started_at,
+            )
+
+    async def _on_executor_died(self, exe: ExecutorProcess, now: float) -> None:
+        """The executor's pipe closed: report the running case (or every impl left, unless the
+        executor said its CUDA context was poisoned after a result) `crashed`."""
+        poisoned = exe.poisoned
+        rc = await self.sup.lose_executor(exe, kill=False)
+        died = f"the executor died: {describe_exit(rc)}"
+        tail = exe.tail()
+        if tail:
+            died += f"; stderr: {tail}"
+        if self.current is not None:
+            self._report_synthetic(self.current, "crashed", died, now - self.started_at)
+        elif poisoned is None:
+            self._report_remaining("crashed", f"{died} (while preparing the group)")
+
+    async def _on_message(self, exe: ExecutorProcess, msg: dict[str, Any], now: float) -> bool:
+        """One message of the executor (see kassay.worker.executor). True when the attempt
+        ends with it."""
+        mtype = msg.get("type")
+        if mtype == "started":
+            self._case_started(str(msg["case_id"]), now)
+        elif mtype == "result":
+            return await self._case_finished(exe, msg["result"], now)
+        elif mtype == "poisoned":
+            exe.poisoned = str(msg.get("reason", ""))
+            log.warning("executor %s: CUDA context poisoned: %s", exe.pid, exe.poisoned)
+        elif mtype == "group_error":
+            self._report_remaining(
+                "error", f"the group could not run: {msg.get('error')}", now - self.t0
+            )
+            return True
+        elif mtype == "group_done":
+            self._report_remaining("error", "the engine returned no result for this case")
+            return True
+        return False
+
+    def _case_started(self, cid: str, now: float) -> None:
+        """A case begins: its timeout runs from now."""
+        self.current = cid.rsplit(":", 1)[-1]
+        self.sup.current_case = cid
+        self._restart_clock(now)
+        self.run.sink.started(cid, self.group.group_id, self.current, self.attempt)
+
+    async def _case_finished(self, exe: ExecutorProcess, raw: dict[str, Any], now: float) -> bool:
+        """The engine's result of the running case. True when the attempt ends here: the run
+        stops and impls are left (the executor is killed rather than left to run them)."""
+        res = CaseResult.model_validate(raw)
+        if res.worker is None:
+            res.worker = self.sup.worker_id
+        self._report(res)
+        self.current = self.sup.current_case = None
+        self._restart_clock(now)
+        if self.remaining and self.sup.stop_reason(self.run) is not None:
+            await self.sup.lose_executor(exe, kill=True)
+            return True
+        return False
+
+    # ----------------------------------------------------------------------------- results
+
+    def _restart_clock(self, now: float) -> None:
+        self.started_at, self.deadline = now, now + self.timeout
+
+    def _report(self, res: CaseResult) -> None:
+        self.run.sink.result(res)
+        self.n_results += 1
+        if res.impl in self.remaining:
+            self.remaining.remove(res.impl)
+
+    def _report_synthetic(
+        self, impl: str, status: Status, message: str, duration_s: float = 0.0
+    ) -> None:
+        """Report a result the engine could not produce (crash, timeout, group failure)."""
+        sup = self.sup
+        self._report(
+            case_result(
+                self.group,
+                impl,
+                status,
+                message,
+                duration_s=duration_s,
+                worker=sup.worker_id,
+                device=sup.info.get("device", sup.device),
+                environment=sup.environment,
+            )
+        )
+
+    def _report_remaining(self, status: Status, message: str, duration_s: float = 0.0) -> None:
+        for impl in list(self.remaining):
+            self._report_synthetic(impl, status, message, duration_s)
