@@ -43,10 +43,17 @@ class Settings(BaseSettings):
     open_reads: bool = Field(True, description="reads need no token even when tokens are set")
     max_body_bytes: int = Field(1_000_000, gt=0)
     lease_s: float = Field(
-        600.0,
+        10.0,
         gt=0,
-        description="a dispatcher renews the lease of each group it runs; a group whose lease "
-        "ran out (its API died) is requeued",
+        description="a dispatcher renews the lease of each group it runs every lease_s/4 "
+        "seconds (at most 5 s); a group whose lease ran out (its API died) is requeued, so a "
+        "replacement API takes over a dead one's groups within about this long",
+    )
+    max_job_s: float = Field(
+        6 * 3600.0,
+        gt=0,
+        description="no job runs longer than this from submission (a spec may ask for less "
+        "with max_duration_s); its unfinished cases end as timeout",
     )
     stall_s: float = Field(
         900.0,
