@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     case_timeout_s: float = Field(300.0, gt=0)
     executor_start_timeout_s: float = Field(120.0, gt=0)
     worker_id: str | None = Field(None, description="name in results; default host:port")
+    reference_cache_bytes: int = Field(
+        8 * 2**30,
+        ge=0,
+        description="host memory a worker may keep float64 references and inputs in, so a "
+        "repeated job pays only for its impls (0: off)",
+    )
     worker_shutdown_grace_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
     )

@@ -60,7 +60,14 @@ class TimingPolicy(BaseModel):
     max_reps: int = Field(100, ge=1, le=100_000)
     budget_s: float = Field(2.0, gt=0, le=600)
     target_rel_sem: float = Field(0.01, gt=0, le=1)
-    flush_l2: bool = True
+    flush_l2: bool = Field(
+        True, description="cold L2 (flushed before every repetition) or warm (false)"
+    )
+    cuda_graph: bool = Field(
+        True,
+        description="time CUDA-graph replays of the call where it can be captured (falls back "
+        "to direct calls otherwise)",
+    )
 
 
 class Suite(BaseModel):
