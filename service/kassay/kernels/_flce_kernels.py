@@ -1,6 +1,9 @@
 """Triton kernels of kassay's fused linear cross-entropy (pure @triton.jit code + tuning).
 
-Launchers, input checks and the autograd Function live in `kassay.kernels.flce`.
+Input checks and the public API live in `kassay.kernels.flce`, the autograd Function in
+`_flce_autograd`, the launchers in `_flce_launch`. The tuning constants below are the defaults
+of `kassay.kernels.flce_config.FlceConfig`, read once when it is defined: to run other values,
+pass a `FlceConfig` (assigning to these names at run time changes nothing).
 
 Kernels
 - `_ce_rows_kernel`: one logits row at a time per program (grid stride over the rows). Pass 1
