@@ -11,7 +11,8 @@ Attention-state merge (softmax log-sum-exp correction, natural-log LSE):
     tuning passed as `config=`).
 
 Only torch and triton are imported (nothing of the service: no pydantic, grpc, fastapi or
-sqlalchemy); `pip install 'kassay[kernels]'` brings just those. On a host without a GPU, set
+sqlalchemy); `pip install 'kassay[kernels]'` adds those two to kassay's small base dependencies,
+which the kernels do not import. On a host without a GPU, set
 TRITON_INTERPRET=1 before the first import to run the kernels on CPU tensors (slowly; the
 interpreter computes tl.dot on bfloat16 wrongly, so use float32 or float16 there).
 """
