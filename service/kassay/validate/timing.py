@@ -234,7 +234,7 @@ _GRAPH_GAIN = 0.9
 
 def _quick(call: Callable[[], object], device: torch.device, flush: bool) -> float:
     return statistics.median(
-        _device_times(call, device, TimingPolicy(min_reps=3, max_reps=3), 1.0, flush=flush)
+        _device_times(call, device, TimingPolicy(min_reps=5, max_reps=5), 1.0, flush=flush)
     )
 
 
