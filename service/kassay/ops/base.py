@@ -38,12 +38,18 @@ class OutputSpec:
 
     dtype: the dtype an impl is expected to return it in (used for ULP distances and for the
     rounding floor of the tolerance). strict_dtype: a different dtype is itself a failure (e.g.
-    gradients must come back in the parameters' dtype under autocast).
+    gradients must come back in the parameters' dtype under autocast). reduction: the length of
+    the longest sum behind one element (the K of a GEMM): the tolerance's float32 accumulation
+    floor grows with it. precision: the least precise dtype the computation rounds to (the
+    autocast dtype of an AMP case whose outputs are float32); None: `dtype`. It sets the floor
+    against which the baseline's own error is judged.
     """
 
     name: str
     dtype: torch.dtype
     strict_dtype: bool = False
+    reduction: int = 1
+    precision: torch.dtype | None = None
 
 
 Tensors = dict[str, torch.Tensor]

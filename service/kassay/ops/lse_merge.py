@@ -80,8 +80,8 @@ class LseMergeOp(Op):
 
     def outputs(self, params: LseMergeParams) -> list[OutputSpec]:
         return [
-            OutputSpec("out", params.torch_dtype, strict_dtype=True),
-            OutputSpec("lse", torch.float32, strict_dtype=True),
+            OutputSpec("out", params.torch_dtype, strict_dtype=True, reduction=params.K),
+            OutputSpec("lse", torch.float32, strict_dtype=True, reduction=params.K),
         ]
 
     def make_inputs(

@@ -93,6 +93,7 @@ class GroupSpec(BaseModel):
     baseline: str = "torch"
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
+    coverage: str = ""  # empty: a point of the user's grid; else why coverage added it
 
     def case_ids(self) -> list[str]:
         return [case_id(self.group_id, impl) for impl in self.impls]

@@ -8,7 +8,7 @@ import torch
 
 from kassay.impls import lse_harness
 from kassay.impls.registry import Impl, register
-from kassay.impls.torch_impls import merge_torch, update_te_style, update_torch
+from kassay.impls.torch_impls import _torch_step, merge_torch, update_te_style
 from kassay.ops.lse_merge import lse_to_th as _th
 
 
@@ -41,41 +41,32 @@ def naive_merge(
     return out, (total.transpose(0, 1).contiguous() if lse_layout == "hT" else total)
 
 
-def copy_update(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
+def _copy_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The correction written to a copy (the TransformerEngine review caught this): the result
-    is returned, the caller's accumulator is left stale."""
-    out2, lse2 = out.clone(), lse.clone()
-    acc2 = acc.clone() if acc is not None else None
-    update_torch(
-        out2, lse2, out_step, lse_step, lse_layout=lse_layout, second_half=second_half, acc=acc2
+    """The correction written to a copy (the TransformerEngine review caught this): the step's
+    result goes to a clone, the caller's accumulator is written back unchanged."""
+    scratch = lse_harness.StepView(
+        v.out.clone(), v.lse.clone(), out_step, lse_layout="Th", second_half=False, acc=None
     )
-    return out2, lse2
+    _torch_step(scratch, out_step, lse_step)
+    return v.base, v.lse.clone()
 
 
-def out_dtype_accum(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
-) -> None:
+copy_update = lse_harness.step_update(_copy_step)
+
+
+def _out_dtype_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Ignores the float32 accumulator and accumulates out in its own dtype (bf16) across the
     K steps: one bf16 rounding per step."""
-    update_torch(
-        out, lse, out_step, lse_step, lse_layout=lse_layout, second_half=second_half, acc=None
-    )
+    v.acc = None
+    v.base = v.out.float()
+    return _torch_step(v, out_step, lse_step)
+
+
+out_dtype_accum = lse_harness.step_update(_out_dtype_step)
 
 
 def zeros_merge(
