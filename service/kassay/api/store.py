@@ -804,5 +804,6 @@ class Store:
                     dtype=m.dtype,
                     status=status,
                     message=reason,
+                    coverage=spec.coverage,
                 ),
             )  # type: ignore[arg-type]
