@@ -27,13 +27,17 @@ def flce_eager(
     z = F.linear(x, w, b).float()
     if p.softcap is not None:
         z = p.softcap * torch.tanh(z / p.softcap)
+    # mean as sum / non-ignored rows with 0/0 = 0 (the op's contract): F.cross_entropy's own
+    # mean gives NaN when every target is ignored
     loss = F.cross_entropy(
         z,
         target,
         ignore_index=p.ignore_index,
         label_smoothing=p.label_smoothing,
-        reduction=p.reduction,
+        reduction="sum" if p.reduction == "mean" else p.reduction,
     )
+    if p.reduction == "mean":
+        loss = loss / (target != p.ignore_index).sum().clamp_min(1)
     if p.z_loss_scale == 0 and not p.return_z_loss:
         return loss
     valid = target != p.ignore_index

@@ -47,7 +47,7 @@ PROBES: tuple[Probe, ...] = (
         dict(_F),
         ("all_ignored",),
         ("kassay",),
-        "eager F.cross_entropy also returns NaN when every target is ignored",
+        "torch_native (F.linear_cross_entropy) also returns NaN when every target is ignored",
     ),
     Probe("flce", "m_none_grad_scale", {**_F, "reduction": "none"}),
     Probe("flce", "m_bf16_chunk_accum", {"N": 2048, "H": 64, "V": 96, "dtype": "bfloat16"}),
