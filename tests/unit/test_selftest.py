@@ -21,7 +21,9 @@ def test_selftest_detects_all_and_flags_no_correct_impl() -> None:
     result = run_selftest(device="cpu")
     n = len(PROBES) + len(PLAIN_PROBES)
     assert result.line().startswith(f"detected {n}/{n} mutants"), [
-        (p.probe.mutant, [c.status for c in p.mutant_cases]) for p in result.probes if not p.detected
+        (p.probe.mutant, [c.status for c in p.mutant_cases])
+        for p in result.probes
+        if not p.detected
     ]
     assert result.n_false == 0, [
         (c.impl, c.message) for p in result.probes for c in p.false_failures

@@ -180,7 +180,9 @@ def _metrics_for(
     # systematic scale: judged against the trusted baseline's own (0 when there is none)
     bias_limit = None
     if not is_baseline and not raw.mismatched_nonfinite:
-        bv = check_bias(spec.name, raw, base if baseline_usable(base) and not suspect else None, floor)
+        bv = check_bias(
+            spec.name, raw, base if baseline_usable(base) and not suspect else None, floor
+        )
         bias_limit = bv.limit
         if not bv.passed:
             passed, reasons = False, [*reasons, bv.reason]
@@ -390,7 +392,8 @@ class GroupRunner:
                 self.baseline.raw[spec.name] = raw
                 self.baseline.suspect[spec.name] = om.baseline_suspect
             outputs.append(om)
-        del run, second
+        del run
+        second.clear()
         failed = [o for o in outputs if not o.passed]
         status = "failed" if failed else "passed"
         message = "; ".join(f"{o.name}: {o.reason}" for o in failed)

@@ -100,8 +100,8 @@ def to_junit(report: Report) -> str:
             )
             if c.flags or c.coverage:
                 props = ET.SubElement(tc, "properties")
-                for f in c.flags:
-                    ET.SubElement(props, "property", name=f, value="true")
+                for flag in c.flags:
+                    ET.SubElement(props, "property", name=flag, value="true")
                 if c.coverage:
                     ET.SubElement(props, "property", name="added_by_coverage", value=c.coverage)
             if c.status == "failed":

@@ -92,7 +92,14 @@ PROBES: tuple[Probe, ...] = (
 
 # What a new user writes: shapes, dtypes, options; nothing aimed at a bug.
 _PLAIN_F = {"N": 32, "H": 48, "V": 256, "dtype": "float32"}
-_PLAIN_L = {"T": 64, "Hh": 4, "D": 32, "K": 4, "dtype": ["float32", "float16"], "mode": ["merge", "step"]}
+_PLAIN_L = {
+    "T": 64,
+    "Hh": 4,
+    "D": 32,
+    "K": 4,
+    "dtype": ["float32", "float16"],
+    "mode": ["merge", "step"],
+}
 PLAIN_PROBES: tuple[Probe, ...] = tuple(
     Probe(op, m, params, ("plain",), plain=True)
     for op, params, names in (

@@ -15,8 +15,7 @@ def summary_table(report: Report, *, max_rows: int = 200) -> Table:
     t = Table(
         title=f"kassay: {report.name} — {s.passed}/{s.total} passed, {s.failed} failed, "
         f"{s.error + s.crashed + s.timeout} error/crash/timeout, "
-        f"{s.unsupported} unsupported"
-        + (f" — {checks_line(s)}" if checks_line(s) else "")
+        f"{s.unsupported} unsupported" + (f" — {checks_line(s)}" if checks_line(s) else "")
     )
     for col in (
         "op.impl",

@@ -94,9 +94,7 @@ def nonfinite_reason(m: RawMetrics) -> str:
     written as a number), or the opposite infinity."""
     parts = []
     if m.nonfinite_where_finite:
-        parts.append(
-            f"{m.nonfinite_where_finite} NaN/Inf element(s) where the reference is finite"
-        )
+        parts.append(f"{m.nonfinite_where_finite} NaN/Inf element(s) where the reference is finite")
     if m.finite_where_inf:
         parts.append(f"{m.finite_where_inf} finite element(s) where the reference is ±inf")
     other = m.mismatched_nonfinite - m.nonfinite_where_finite - m.finite_where_inf

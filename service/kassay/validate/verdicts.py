@@ -112,9 +112,7 @@ class BiasVerdict:
     reason: str = ""
 
 
-def check_bias(
-    name: str, m: RawMetrics, base: RawMetrics | None, floor: Floor
-) -> BiasVerdict:
+def check_bias(name: str, m: RawMetrics, base: RawMetrics | None, floor: Floor) -> BiasVerdict:
     """Is `m`'s fitted scale beyond the baseline's (0 without a usable baseline) by more than
     rounding noise allows?"""
     n = max(m.n_finite, 1)

@@ -217,7 +217,11 @@ def tail_rows_dropped(
     rows = _rows(x, w, t, b, p)
     if p.reduction == "none":
         return rows
-    return rows.sum() / (target != p.ignore_index).sum().clamp_min(1) if p.reduction == "mean" else rows.sum()
+    return (
+        rows.sum() / (target != p.ignore_index).sum().clamp_min(1)
+        if p.reduction == "mean"
+        else rows.sum()
+    )
 
 
 def count_in_bf16(
