@@ -182,6 +182,10 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
             continue
         pr = ProbeResult(probe)
         correct = _available(probe.op, probe.correct)
+        if dev.type == "cpu" and probe.params.get("dtype") == "bfloat16":
+            # the Triton interpreter rounds float32 to bfloat16 toward zero (a -0.27% bias the
+            # verdict rightly flags): kassay's bfloat16 kernels are checked on GPUs only
+            correct = [c for c in correct if c != "kassay"]
         for regime in probe.regimes:
             g = GroupSpec(
                 group_id=f"selftest-{i}-{regime}",
