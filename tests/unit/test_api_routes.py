@@ -21,6 +21,8 @@ SPEC = {
             "op": "lse_merge",
             "impls": ["torch", "te_style"],
             "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3]},
+            "regimes": ["normal"],
+            "coverage": "none",
             "timing": {"enabled": False},
         }
     ],
@@ -108,7 +110,15 @@ def test_invalid_specs_are_422_with_the_field(client, body, loc, needle):
 def test_test_impls_hidden_without_workers(client):
     body = {
         "name": "x",
-        "suites": [{"op": "lse_merge", "impls": ["crash"], "params": {"T": 8, "Hh": 2, "D": 4}}],
+        "suites": [
+            {
+                "op": "lse_merge",
+                "impls": ["crash"],
+                "params": {"T": 8, "Hh": 2, "D": 4},
+                "regimes": ["normal"],
+                "coverage": "none",
+            }
+        ],
     }
     r = client.post("/v1/jobs", json=body)
     assert r.status_code == 422 and "crash" not in r.json()["details"]["allowed"]
