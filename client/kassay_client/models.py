@@ -74,6 +74,8 @@ class CaseResult(_Model):
     worker: str | None = None
     device: str | None = None
     environment: dict[str, Any] | None = None
+    coverage: str = ""  # empty: a point of the job's grid; else why default coverage added it
+    flags: list[str] = Field(default_factory=list)  # baseline_suspect | nondeterministic | biased
 
 
 class Summary(_Model):
@@ -86,6 +88,10 @@ class Summary(_Model):
     unsupported: int = 0
     skipped: int = 0
     ok: bool = True
+    baseline_suspect: int = 0
+    nondeterministic: int = 0
+    biased: int = 0
+    added_by_coverage: int = 0
 
 
 class Report(_Model):

@@ -21,12 +21,15 @@ LSE = {
     "impls": ["torch", "te_style"],
     "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3], "mode": "step"},
     "regimes": ["normal", "huge"],
+    "coverage": "none",
     "timing": {"enabled": False},
 }
 FLCE = {
     "op": "flce",
     "impls": ["torch", "kassay"],
     "params": {"N": 8, "H": 16, "V": 32, "dtype": "float32", "reduction": ["mean", "none"]},
+    "regimes": ["normal"],
+    "coverage": "none",
     "timing": {"enabled": False},
 }
 SPEC = {"name": "itest", "labels": {"repo": "kassay", "suite": "itest"}, "suites": [LSE, FLCE]}

@@ -88,6 +88,7 @@ def _groups() -> list[GroupSpec]:
 def test_group_round_trip_is_lossless() -> None:
     groups = _groups()
     assert len(groups) > 8
+    assert any(g.coverage for g in groups)  # the coverage note travels too
     for g in groups:
         msg = convert.group_to_proto(g)
         wire = pb.GroupSpec.FromString(msg.SerializeToString())
@@ -261,6 +262,7 @@ def _result(**kw: Any) -> CaseResult:
             "params": LseMergeParams(T=3, Hh=1, D=2).model_dump(),
             "dtype": "bfloat16",
         },
+        {"coverage": "ragged sizes", "flags": ["baseline_suspect", "biased"]},
     ],
 )
 def test_result_round_trip_is_lossless(variant: dict[str, Any]) -> None:

@@ -425,6 +425,7 @@ class GroupSpec(_message.Message):
     BASELINE_FIELD_NUMBER: _builtins.int
     TOLERANCE_FIELD_NUMBER: _builtins.int
     TIMING_FIELD_NUMBER: _builtins.int
+    COVERAGE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     suite_index: _builtins.int
     op: _builtins.str
@@ -434,6 +435,8 @@ class GroupSpec(_message.Message):
     seed: _builtins.int
     baseline: _builtins.str
     """empty: "torch" """
+    coverage: _builtins.str
+    """Empty: a point of the user's grid; else why default coverage added it (e.g. "ragged sizes")."""
     @_builtins.property
     def flce(self) -> Global___FlceParams: ...
     @_builtins.property
@@ -462,10 +465,11 @@ class GroupSpec(_message.Message):
         baseline: _builtins.str = ...,
         tolerance: Global___TolerancePolicy | None = ...,
         timing: Global___TimingPolicy | None = ...,
+        coverage: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["flce", b"flce", "lse_merge", b"lse_merge", "params", b"params", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "coverage", b"coverage", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["flce", "lse_merge"]  # noqa: Y015
     _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
@@ -534,6 +538,10 @@ class OutputMetrics(_message.Message):
     BASELINE_REL_L2_FIELD_NUMBER: _builtins.int
     PASSED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    BASELINE_SUSPECT_FIELD_NUMBER: _builtins.int
+    BIAS_FIELD_NUMBER: _builtins.int
+    BIAS_LIMIT_FIELD_NUMBER: _builtins.int
+    RUN_TO_RUN_MAX_ABS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dtype: _builtins.str
     expected_dtype: _builtins.str
@@ -553,6 +561,14 @@ class OutputMetrics(_message.Message):
     baseline_rel_l2: _builtins.float
     passed: _builtins.bool
     reason: _builtins.str
+    baseline_suspect: _builtins.bool
+    """the baseline's own error here is far from the truth"""
+    bias: _builtins.float
+    """s of the least-squares fit out ~ (1 + s) * ref"""
+    bias_limit: _builtins.float
+    """largest |s - baseline's s| accepted"""
+    run_to_run_max_abs: _builtins.float
+    """max |run 1 - run 2| on the same inputs"""
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -581,15 +597,25 @@ class OutputMetrics(_message.Message):
         baseline_rel_l2: _builtins.float | None = ...,
         passed: _builtins.bool = ...,
         reason: _builtins.str = ...,
+        baseline_suspect: _builtins.bool = ...,
+        bias: _builtins.float | None = ...,
+        bias_limit: _builtins.float | None = ...,
+        run_to_run_max_abs: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs", "_baseline_rel_l2", b"_baseline_rel_l2", "_threshold_max_abs", b"_threshold_max_abs", "_threshold_rel_l2", b"_threshold_rel_l2", "baseline_max_abs", b"baseline_max_abs", "baseline_rel_l2", b"baseline_rel_l2", "threshold_max_abs", b"threshold_max_abs", "threshold_rel_l2", b"threshold_rel_l2"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs", "_baseline_rel_l2", b"_baseline_rel_l2", "_bias", b"_bias", "_bias_limit", b"_bias_limit", "_run_to_run_max_abs", b"_run_to_run_max_abs", "_threshold_max_abs", b"_threshold_max_abs", "_threshold_rel_l2", b"_threshold_rel_l2", "baseline_max_abs", b"baseline_max_abs", "baseline_rel_l2", b"baseline_rel_l2", "bias", b"bias", "bias_limit", b"bias_limit", "run_to_run_max_abs", b"run_to_run_max_abs", "threshold_max_abs", b"threshold_max_abs", "threshold_rel_l2", b"threshold_rel_l2"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs", "_baseline_rel_l2", b"_baseline_rel_l2", "_threshold_max_abs", b"_threshold_max_abs", "_threshold_rel_l2", b"_threshold_rel_l2", "baseline_max_abs", b"baseline_max_abs", "baseline_rel_l2", b"baseline_rel_l2", "dtype", b"dtype", "expected_dtype", b"expected_dtype", "inf", b"inf", "max_abs", b"max_abs", "max_rel", b"max_rel", "max_ulp", b"max_ulp", "n_bad", b"n_bad", "name", b"name", "nan", b"nan", "passed", b"passed", "policy", b"policy", "reason", b"reason", "ref_inf", b"ref_inf", "ref_nan", b"ref_nan", "rel_l2", b"rel_l2", "shape", b"shape", "threshold_max_abs", b"threshold_max_abs", "threshold_rel_l2", b"threshold_rel_l2", "worst", b"worst"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs", "_baseline_rel_l2", b"_baseline_rel_l2", "_bias", b"_bias", "_bias_limit", b"_bias_limit", "_run_to_run_max_abs", b"_run_to_run_max_abs", "_threshold_max_abs", b"_threshold_max_abs", "_threshold_rel_l2", b"_threshold_rel_l2", "baseline_max_abs", b"baseline_max_abs", "baseline_rel_l2", b"baseline_rel_l2", "baseline_suspect", b"baseline_suspect", "bias", b"bias", "bias_limit", b"bias_limit", "dtype", b"dtype", "expected_dtype", b"expected_dtype", "inf", b"inf", "max_abs", b"max_abs", "max_rel", b"max_rel", "max_ulp", b"max_ulp", "n_bad", b"n_bad", "name", b"name", "nan", b"nan", "passed", b"passed", "policy", b"policy", "reason", b"reason", "ref_inf", b"ref_inf", "ref_nan", b"ref_nan", "rel_l2", b"rel_l2", "run_to_run_max_abs", b"run_to_run_max_abs", "shape", b"shape", "threshold_max_abs", b"threshold_max_abs", "threshold_rel_l2", b"threshold_rel_l2", "worst", b"worst"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__baseline_max_abs: _TypeAlias = _typing.Literal["baseline_max_abs"]  # noqa: Y015
     _WhichOneofArgType__baseline_max_abs: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs"]  # noqa: Y015
     _WhichOneofReturnType__baseline_rel_l2: _TypeAlias = _typing.Literal["baseline_rel_l2"]  # noqa: Y015
     _WhichOneofArgType__baseline_rel_l2: _TypeAlias = _typing.Literal["_baseline_rel_l2", b"_baseline_rel_l2"]  # noqa: Y015
+    _WhichOneofReturnType__bias: _TypeAlias = _typing.Literal["bias"]  # noqa: Y015
+    _WhichOneofArgType__bias: _TypeAlias = _typing.Literal["_bias", b"_bias"]  # noqa: Y015
+    _WhichOneofReturnType__bias_limit: _TypeAlias = _typing.Literal["bias_limit"]  # noqa: Y015
+    _WhichOneofArgType__bias_limit: _TypeAlias = _typing.Literal["_bias_limit", b"_bias_limit"]  # noqa: Y015
+    _WhichOneofReturnType__run_to_run_max_abs: _TypeAlias = _typing.Literal["run_to_run_max_abs"]  # noqa: Y015
+    _WhichOneofArgType__run_to_run_max_abs: _TypeAlias = _typing.Literal["_run_to_run_max_abs", b"_run_to_run_max_abs"]  # noqa: Y015
     _WhichOneofReturnType__threshold_max_abs: _TypeAlias = _typing.Literal["threshold_max_abs"]  # noqa: Y015
     _WhichOneofArgType__threshold_max_abs: _TypeAlias = _typing.Literal["_threshold_max_abs", b"_threshold_max_abs"]  # noqa: Y015
     _WhichOneofReturnType__threshold_rel_l2: _TypeAlias = _typing.Literal["threshold_rel_l2"]  # noqa: Y015
@@ -598,6 +624,12 @@ class OutputMetrics(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__baseline_max_abs) -> _WhichOneofReturnType__baseline_max_abs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__baseline_rel_l2) -> _WhichOneofReturnType__baseline_rel_l2 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bias) -> _WhichOneofReturnType__bias | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bias_limit) -> _WhichOneofReturnType__bias_limit | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__run_to_run_max_abs) -> _WhichOneofReturnType__run_to_run_max_abs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__threshold_max_abs) -> _WhichOneofReturnType__threshold_max_abs | None: ...
     @_typing.overload
@@ -929,6 +961,8 @@ class CaseResult(_message.Message):
     WORKER_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    COVERAGE_FIELD_NUMBER: _builtins.int
+    FLAGS_FIELD_NUMBER: _builtins.int
     case_id: _builtins.str
     """"{group_id}:{impl}" """
     group_id: _builtins.str
@@ -944,6 +978,8 @@ class CaseResult(_message.Message):
     duration_s: _builtins.float
     worker: _builtins.str
     device: _builtins.str
+    coverage: _builtins.str
+    """empty: a point of the user's grid; else why coverage added it"""
     @_builtins.property
     def flce(self) -> Global___FlceParams: ...
     @_builtins.property
@@ -961,6 +997,10 @@ class CaseResult(_message.Message):
     @_builtins.property
     def environment(self) -> Global___Environment:
         """absent: unknown"""
+
+    @_builtins.property
+    def flags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """baseline_suspect | nondeterministic | biased"""
 
     def __init__(
         self,
@@ -984,10 +1024,12 @@ class CaseResult(_message.Message):
         worker: _builtins.str | None = ...,
         device: _builtins.str | None = ...,
         environment: Global___Environment | None = ...,
+        coverage: _builtins.str = ...,
+        flags: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "device", b"device", "environment", b"environment", "flce", b"flce", "lse_merge", b"lse_merge", "memory", b"memory", "params", b"params", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "case_id", b"case_id", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flce", b"flce", "group_id", b"group_id", "impl", b"impl", "lse_merge", b"lse_merge", "memory", b"memory", "message", b"message", "op", b"op", "outputs", b"outputs", "params", b"params", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "case_id", b"case_id", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "flce", b"flce", "group_id", b"group_id", "impl", b"impl", "lse_merge", b"lse_merge", "memory", b"memory", "message", b"message", "op", b"op", "outputs", b"outputs", "params", b"params", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__device: _TypeAlias = _typing.Literal["device"]  # noqa: Y015
     _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015

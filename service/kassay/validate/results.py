@@ -14,6 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field
 REPORT_SCHEMA_VERSION: Literal["kassay.report/v1"] = "kassay.report/v1"
 
 Status = Literal["passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped"]
+# Flags a case carries beside its status: why a verdict is what it is.
+#   baseline_suspect: the group's baseline is far from the truth; its limits were not used.
+#   nondeterministic: two runs on the same inputs differ (fails unless the impl declares it).
+#   biased: an output is scaled by a systematic factor beyond the baseline's.
+FLAGS: tuple[str, ...] = ("baseline_suspect", "nondeterministic", "biased")
+
 STATUSES: tuple[str, ...] = (
     "passed",
     "failed",
@@ -57,6 +63,11 @@ class OutputMetrics(BaseModel):
     baseline_rel_l2: float | None = None
     passed: bool = True
     reason: str = ""
+    # Verdict checks beyond the tolerance (None: not checked, e.g. a missing output).
+    baseline_suspect: bool = False  # the baseline's own error here is far above the floor
+    bias: float | None = None  # s of the least-squares fit out ~ (1 + s) * ref
+    bias_limit: float | None = None  # largest |s - baseline's s| accepted
+    run_to_run_max_abs: float | None = None  # max |run 1 - run 2| (0: bit-identical)
 
 
 class TimingStats(BaseModel):
@@ -141,10 +152,15 @@ class CaseResult(BaseModel):
     worker: str | None = None
     device: str | None = None
     environment: Environment | None = None
+    # Empty for points of the user's grid; else what default coverage added this point for
+    # (e.g. "ragged sizes", "regime fa2_inf", "options bias+softcap").
+    coverage: str = ""
+    flags: list[str] = Field(default_factory=list)  # a subset of FLAGS
 
     def label(self) -> str:
         p = ",".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{p} [{self.regime} seed={self.seed}]"
+        cov = f" +coverage: {self.coverage}" if self.coverage else ""
+        return f"{p} [{self.regime} seed={self.seed}]{cov}"
 
 
 class Summary(BaseModel):
@@ -157,12 +173,21 @@ class Summary(BaseModel):
     unsupported: int = 0
     skipped: int = 0
     ok: bool = True
+    # cases carrying each flag, and cases at points default coverage added
+    baseline_suspect: int = 0
+    nondeterministic: int = 0
+    biased: int = 0
+    added_by_coverage: int = 0
 
     @classmethod
     def of(cls, cases: list[CaseResult]) -> Summary:
         s = cls(total=len(cases))
         for c in cases:
             setattr(s, c.status, getattr(s, c.status) + 1)
+            for f in c.flags:
+                if f in FLAGS:
+                    setattr(s, f, getattr(s, f) + 1)
+            s.added_by_coverage += bool(c.coverage)
         s.ok = s.failed == 0 and s.error == 0 and s.crashed == 0 and s.timeout == 0
         return s
 

@@ -5,6 +5,8 @@ to run, the baseline, params (a list value is a grid axis: the grid is the carte
 every list-valued param), input regimes, seeds, the tolerance policy and the timing policy.
 Expansion turns a suite into input groups (op, params, regime, seed: one set of inputs and one
 float64 reference) each carrying the impls to run on them; a case is one impl in one group.
+A suite that lists no regimes runs every regime of its op; unless `coverage: none`, default
+coverage (kassay.validate.coverage) adds edge points, marked as added in every report.
 """
 
 from __future__ import annotations
@@ -76,8 +78,11 @@ class Suite(BaseModel):
     impls: list[Name] = Field(min_length=1, max_length=64)
     baseline: Name = "torch"
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
-    regimes: list[Name] = Field(default_factory=lambda: ["normal"], min_length=1, max_length=64)
+    # None: every regime of the op
+    regimes: list[Name] | None = Field(None, min_length=1, max_length=64)
     seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=100_000)
+    # standard: add the edge points of kassay.validate.coverage; none: only the grid
+    coverage: Literal["standard", "none"] = "standard"
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
 
@@ -119,6 +124,7 @@ class GroupSpec(BaseModel):
     baseline: str = "torch"
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
+    coverage: str = ""  # empty: a point of the user's grid; else why coverage added it
 
     def case_ids(self) -> list[str]:
         return [case_id(self.group_id, impl) for impl in self.impls]
@@ -175,13 +181,27 @@ def _grid(params: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values())]
 
 
+def suite_regimes(suite: Suite) -> list[str]:
+    """The regimes a suite runs: those it lists, else every regime of its op."""
+    if suite.regimes is not None:
+        return list(suite.regimes)
+    from kassay.ops import get_op
+
+    return list(get_op(suite.op).regimes)
+
+
 def count_cases(spec: JobSpec) -> int:
+    """Cases of the user's grids (coverage adds a bounded number more; `expand` counts them)."""
     total = 0
     for s in spec.suites:
         n = 1
         for v in s.params.values():
             n *= len(v) if isinstance(v, list) else 1
-        total += n * len(s.regimes) * len(s.seeds) * len(s.impls)
+        try:
+            n_regimes = len(suite_regimes(s))
+        except InvalidSpecError:
+            n_regimes = 1
+        total += n * n_regimes * len(s.seeds) * len(s.impls)
     return total
 
 
@@ -238,12 +258,14 @@ def expand(
             except InvalidSpecError as exc:
                 exc.details["loc"] = ["suites", si, "impls"]
                 raise
-        for regime in suite.regimes:
+        regimes = suite_regimes(suite)
+        for regime in regimes:
             try:
                 op.check_regime(regime)
             except InvalidSpecError as exc:
                 exc.details["loc"] = ["suites", si, "regimes"]
                 raise
+        points = []
         for point in _grid(suite.params):
             try:
                 params = op.parse_params(point).model_dump()
@@ -252,7 +274,8 @@ def expand(
                 err.message = f"{err.message} (grid point {point})"
                 err.args = (err.message,)
                 raise err from None
-            for regime in suite.regimes:
+            points.append(params)
+            for regime in regimes:
                 for seed in suite.seeds:
                     groups.append(
                         GroupSpec(
@@ -268,7 +291,58 @@ def expand(
                             timing=suite.timing,
                         )
                     )
+        if suite.coverage == "standard":
+            groups += _coverage_groups(op, suite, si, points, regimes, groups)
+    n_cov = sum(len(g.impls) for g in groups if g.coverage)
+    if n_cov and n + n_cov > cap:
+        raise CaseLimitError(
+            f"job expands to {n + n_cov} cases ({n_cov} added by coverage), over the cap of "
+            f"{cap}; split it, shrink the grid or set coverage: none",
+            details={"cases": n + n_cov, "cap": cap},
+        )
     ids = [g.group_id for g in groups]
     if len(set(ids)) != len(ids):
         raise InvalidSpecError("the grid repeats a point (same params, regime and seed twice)")
     return groups
+
+
+def _coverage_groups(
+    op: Any,
+    suite: Suite,
+    si: int,
+    points: list[dict[str, Any]],
+    regimes: list[str],
+    existing: list[GroupSpec],
+) -> list[GroupSpec]:
+    """Groups for the edge points coverage adds to one suite: valid for the op, not already in
+    the grid, at the suite's first seed, untimed."""
+    from kassay.validate.coverage import coverage_points
+
+    seen = {(json.dumps(g.params, sort_keys=True), g.regime) for g in existing}
+    seed = suite.seeds[0]
+    out = []
+    for raw, regime, note in coverage_points(op.name, points, regimes, tuple(op.regimes)):
+        try:
+            params = op.parse_params(raw).model_dump()
+        except ValidationError:
+            continue  # an edge point this op's params reject (e.g. ignore_index inside V)
+        key = (json.dumps(params, sort_keys=True), regime)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(
+            GroupSpec(
+                group_id=_group_id(op.name, params, regime, seed, si),
+                suite_index=si,
+                op=op.name,
+                params=params,
+                regime=regime,
+                seed=seed,
+                impls=list(suite.impls),
+                baseline=suite.baseline,
+                tolerance=suite.tolerance,
+                timing=TimingPolicy(enabled=False),
+                coverage=note,
+            )
+        )
+    return out
