@@ -483,6 +483,13 @@ def test_api_sends_the_token_over_tls(module_procs: Any, pki: Pki) -> None:
     )
     try:
         module_procs.wait_ready(api, w)
+        with _channel(w.extra["address"]) as plain:  # the link really is TLS
+            code, _ = _refused(
+                lambda: health_pb2_grpc.HealthStub(plain).Check(
+                    health_pb2.HealthCheckRequest(), timeout=5
+                )
+            )
+            assert code == grpc.StatusCode.UNAVAILABLE
         job = _run_job(api.extra["url"])
         assert job.state == "finished" and job.ok, job
     finally:
