@@ -520,3 +520,49 @@ def test_an_unauthenticated_worker_refuses_to_listen_beyond_loopback(module_proc
         assert "listening on 0.0.0.0" in w.tail() and "no token" in w.tail()
     finally:
         w.stop()
+
+
+def test_kassay_serve_guards_its_worker_with_a_token_of_its_own(module_procs: Any) -> None:
+    """`kassay serve`: the local worker refuses callers without the token serve made, and the
+    embedded API (which holds it) runs a job through that worker."""
+    port, worker_port = module_procs.free_port(), module_procs.free_port()
+    data = module_procs.tmp / "serve-data"
+    env = module_procs.env()
+    env.pop("KASSAY_WORKER_TOKEN", None)
+    log = module_procs.tmp / "serve.log"
+    cmd = [sys.executable, "-m", "kassay.cli", "serve", "--port", str(port), "--device", "cpu"]
+    cmd += ["--worker-port", str(worker_port), "--data-dir", str(data)]
+    with open(log, "wb") as fh:
+        serve = subprocess.Popen(
+            cmd,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=module_procs.tmp,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        ready = False
+        while not ready and time.monotonic() < deadline:
+            assert serve.poll() is None, log.read_text(errors="replace")[-3000:]
+            try:
+                ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert ready, log.read_text(errors="replace")[-3000:]
+        with _channel(f"127.0.0.1:{worker_port}") as ch:
+            code, _ = _refused(
+                lambda: worker_pb2_grpc.WorkerStub(ch).Describe(pb.DescribeRequest(), timeout=10)
+            )
+            assert code == grpc.StatusCode.UNAUTHENTICATED
+        job = _run_job(url)
+        assert job.state == "finished" and job.ok, job
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+            serve.wait(timeout=10)
