@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: venv
-	$(BIN)/ruff check service client tests bench
-	$(BIN)/ruff format --check service client tests bench
+	$(BIN)/ruff check service client tests bench research
+	$(BIN)/ruff format --check service client tests bench research
 
 typecheck: venv
 	$(BIN)/mypy service/kassay client/kassay_client

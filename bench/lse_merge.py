@@ -27,13 +27,8 @@ shapes are also timed as CUDA-graph replays (all impls alike).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import math
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -49,6 +44,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from common import run_meta, save_json  # noqa: E402
 
 from kassay.kernels import lse_merge as km  # noqa: E402
 
@@ -467,7 +463,7 @@ def run_step(res: Results, shape: dict[str, int], regime: str, layout: str, half
         state.clear()
 
 
-def run_sweep(res: Results, shape: dict[str, int], configs: list[km.LaunchConfig]) -> None:
+def run_sweep(res: Results, shape: dict[str, int], configs: list[km.MergeConfig]) -> None:
     t, hh, d = shape["T"], shape["Hh"], shape["D"]
     for regime in ("normal",):
         for k in (2, 4, 8):
@@ -476,10 +472,10 @@ def run_sweep(res: Results, shape: dict[str, int], configs: list[km.LaunchConfig
             ref_o, ref_l = reference(outs, lses, "hT")
             for cfg in configs:
                 poison(t * hh * d * 8)
-                out, lse = km.merge_states(outs, lses, _config=cfg)
+                out, lse = km.merge_states(outs, lses, config=cfg)
                 err = errors(out, lse, ref_o, ref_l)
                 del out, lse
-                ms = bench(lambda c=cfg, o=outs, l_=lses: km.merge_states(o, l_, _config=c))
+                ms = bench(lambda c=cfg, o=outs, l_=lses: km.merge_states(o, l_, config=c))
                 row = {"mode": "kway", "K": k, "regime": regime, "cfg": cfg.__dict__, "ms": ms,
                        "tbps": nb / ms / 1e9, **err}  # fmt: skip
                 res.sweep.append(row)
@@ -492,7 +488,7 @@ def run_sweep(res: Results, shape: dict[str, int], configs: list[km.LaunchConfig
             o, l_ = outs[0].clone(), lses[0].clone()
             po, pl = outs[1], lses[1]
             ms = bench(
-                lambda c=cfg, o=o, l_=l_, po=po, pl=pl: km.merge_state_(o, l_, po, pl, _config=c)
+                lambda c=cfg, o=o, l_=l_, po=po, pl=pl: km.merge_state_(o, l_, po, pl, config=c)
             )
             row = {"mode": "step", "K": 2, "regime": regime, "cfg": cfg.__dict__, "ms": ms,
                    "tbps": nb / ms / 1e9}  # fmt: skip
@@ -502,31 +498,13 @@ def run_sweep(res: Results, shape: dict[str, int], configs: list[km.LaunchConfig
 
 
 def env_meta(argv: list[str]) -> dict[str, Any]:
-    meta: dict[str, Any] = {
-        "date": _dt.date.today().isoformat(),
-        "utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([os.path.basename(sys.executable), *argv]),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
+    return {
+        **run_meta(argv),
         "device": torch.cuda.get_device_name() if CUDA else "cpu (interpreter)",
-        "kassay_default_config": km.LaunchConfig().__dict__,
+        "kassay_default_config": km.MergeConfig().__dict__,
         "timing": "triton.testing.do_bench median, warmup 10 ms, rep 40 ms, L2 flushed per rep",
         "bytes": "(K+1)*T*Hh*D*2 + (K+1)*T*Hh*4 (K states read, one written)",
     }
-    if CUDA:
-        meta["cuda"] = torch.version.cuda
-        p = torch.cuda.get_device_properties(0)
-        meta["sm_count"] = p.multi_processor_count
-        try:
-            q = "driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.draw"
-            meta["nvidia_smi"] = subprocess.run(
-                ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader"],
-                capture_output=True, text=True, timeout=10, check=False,
-            ).stdout.strip()  # fmt: skip
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return meta
 
 
 def table(res: Results) -> str:
@@ -572,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"copy ceiling: {res.copy_tbps:.3f} TB/s", flush=True)
 
     if not args.no_sweep:
-        lc = km.LaunchConfig
+        lc = km.MergeConfig
         configs = [
             lc(block_elems=2048),
             lc(block_elems=4096),
@@ -624,12 +602,9 @@ def main(argv: list[str] | None = None) -> int:
 
     md = table(res)
     print("\n" + md)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"meta": res.meta, "copy_tbps": res.copy_tbps, "sweep": res.sweep,
-                   "cases": res.cases, "table_md": md}  # fmt: skip
-        args.out.write_text(json.dumps(payload, indent=1, default=str) + "\n")
-        print(f"wrote {args.out}")
+    payload = {"meta": res.meta, "copy_tbps": res.copy_tbps, "sweep": res.sweep,
+               "cases": res.cases, "table_md": md}  # fmt: skip
+    save_json(payload, args.out)
     return 0
 
 

@@ -12,25 +12,19 @@ power limits from a method difference.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from triton.testing import do_bench
+from common import median_ms, nvidia_smi, run_meta, save_json
 
 N = 8192
 FLOP = 2 * N**3
 
 
 def smi() -> dict[str, float]:
-    q = "clocks.sm,power.draw,temperature.gpu"
-    out = subprocess.run(
-        ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip().split(",")  # fmt: skip
+    out = nvidia_smi("clocks.sm,power.draw,temperature.gpu", units=False).split(",")
     try:
         return {"sm_mhz": float(out[0]), "watts": float(out[1]), "temp_c": float(out[2])}
     except (ValueError, IndexError):
@@ -65,11 +59,11 @@ def main() -> int:
         ),
         "zeros": lambda: torch.zeros(N, N, device="cuda", dtype=torch.bfloat16),
     }
-    res: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
+    res: dict[str, Any] = {**run_meta(), "torch": torch.__version__}
     for name, make in data.items():
         a, b = make(), make()
-        short = do_bench(lambda a=a, b=b: a @ b, warmup=25, rep=100, return_mode="median")
-        long_ = do_bench(lambda a=a, b=b: a @ b, warmup=100, rep=500, return_mode="median")
+        short = median_ms(lambda a=a, b=b: a @ b, warmup=25, rep=100)
+        long_ = median_ms(lambda a=a, b=b: a @ b, warmup=100, rep=500)
         w = sustained(a, b, args.seconds)
         res[name] = {
             "do_bench_rep100_tflops": round(FLOP / short / 1e9, 1),
@@ -81,8 +75,7 @@ def main() -> int:
         del a, b
         torch.cuda.empty_cache()
         time.sleep(2)  # let the clocks recover between data sets
-    if args.out:
-        args.out.write_text(json.dumps(res, indent=1))
+    save_json(res, args.out)
     return 0
 
 

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -27,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from common import run_meta, save_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -316,27 +317,15 @@ def main() -> None:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-    import httpx
-    import uvicorn
-
     result = {
         "benchmark": "service",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-        },
-        "versions": {"uvicorn": uvicorn.__version__, "httpx": httpx.__version__},
+        **run_meta(packages=("uvicorn", "httpx")),
         "per_case_overhead": overhead,
         "accept_1000_cases": accept,
         "get_job": get,
     }
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    print(json.dumps(result, indent=2))
+    save_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     case_timeout_s: float = Field(300.0, gt=0)
     executor_start_timeout_s: float = Field(120.0, gt=0)
     worker_id: str | None = Field(None, description="name in results; default host:port")
+    reference_cache_bytes: int = Field(
+        8 * 2**30,
+        ge=0,
+        description="host memory a worker may keep float64 references and inputs in, so a "
+        "repeated job pays only for its impls (0: off)",
+    )
     worker_shutdown_grace_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
     )
@@ -81,10 +87,17 @@ class Settings(BaseSettings):
     open_reads: bool = Field(True, description="reads need no token even when tokens are set")
     max_body_bytes: int = Field(1_000_000, gt=0)
     lease_s: float = Field(
-        600.0,
+        10.0,
         gt=0,
-        description="a dispatcher renews the lease of each group it runs; a group whose lease "
-        "ran out (its API died) is requeued",
+        description="a dispatcher renews the lease of each group it runs every lease_s/4 "
+        "seconds (at most 5 s); a group whose lease ran out (its API died) is requeued, so a "
+        "replacement API takes over a dead one's groups within about this long",
+    )
+    max_job_s: float = Field(
+        6 * 3600.0,
+        gt=0,
+        description="no job runs longer than this from submission (a spec may ask for less "
+        "with max_duration_s); its unfinished cases end as timeout",
     )
     stall_s: float = Field(
         900.0,

@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from flce_reference import II, check_against_reference, flce_kernel, rel_l2, run_grads
 
+from kassay.kernels.flce import FlceConfig
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -72,9 +74,7 @@ def test_many_chunks(dtype, red):
 def test_many_chunks_tma_path(red):
     # 16-byte aligned rows (H, V multiples of 8): the grad_weight GEMM takes the persistent TMA
     # kernel, and the last of 9 chunks runs in backward with the fused bfloat16 conversion
-    from kassay.kernels import flce as m
-
-    assert m.USE_TMA_GEMM and m.DEFER_LAST_GW
+    assert FlceConfig().use_tma_gemm and FlceConfig().defer_last_gw
     _compare(
         520,
         256,
@@ -92,13 +92,10 @@ def test_many_chunks_tma_path(red):
 
 
 @pytest.mark.parametrize("final,reduce", [(False, True), (False, False), (True, True)])
-def test_gemm_tma_matches_plain_kernel(final, reduce, monkeypatch):
+def test_gemm_tma_matches_plain_kernel(final, reduce):
     # K, M and N tails (200, 1000, 136 against blocks of 64, 128, 256); reduce: the accumulating
     # epilogue as a TMA reduce-add (the default) or load-add-store
-    from kassay.kernels import _flce_kernels as K
-    from kassay.kernels import flce as m
-
-    monkeypatch.setattr(K, "GEMM_TMA_REDUCE", reduce)
+    from kassay.kernels import _flce_launch as m
 
     g = torch.Generator(device="cuda").manual_seed(5)
     a = torch.randn(200, 1000, device="cuda", generator=g).to(torch.bfloat16)
@@ -110,15 +107,11 @@ def test_gemm_tma_matches_plain_kernel(final, reduce, monkeypatch):
     ref = ref * 0.5 if final else ref
     outs = []
     for tma in (True, False):
-        assert m._tma_ok(a, b, c) or not tma
+        cfg = FlceConfig(use_tma_gemm=tma, gemm_tma_reduce=reduce)
+        assert m._tma_ok(a, b, c, cfg=cfg) == tma
         cc = c.clone()
         o = cc.view(torch.bfloat16) if final else cc
-        old = m.USE_TMA_GEMM
-        m.USE_TMA_GEMM = tma
-        try:
-            m._launch_gemm_tn(a, b, cc, s, True, out=o if final else None, fin=fin)
-        finally:
-            m.USE_TMA_GEMM = old
+        m._launch_gemm_tn(a, b, cc, s, True, out=o if final else None, fin=fin, cfg=cfg)
         outs.append(o)
         assert rel_l2(o, ref) < (4e-3 if final else 5e-4)
     assert rel_l2(outs[0], outs[1].double()) < (8e-3 if final else 1e-3)
@@ -134,7 +127,7 @@ def test_gemm_tma_matches_plain_kernel(final, reduce, monkeypatch):
 def test_grads_fused_kernel_matches_separate_kernels(rows, h, v, accumulate):
     # one kernel for a chunk's grad_x and grad_W: grad_W bit-identical to the TMA grad_W kernel
     # (same k order per tile), grad_x as accurate as cuBLAS's against float64
-    from kassay.kernels import flce as m
+    from kassay.kernels import _flce_launch as m
 
     g = torch.Generator(device="cuda").manual_seed(rows)
     dl = (torch.randn(rows, v, device="cuda", generator=g) * 1e-2).to(torch.bfloat16)
@@ -158,8 +151,8 @@ def test_grads_fused_path_in_flce(red, bias, monkeypatch):
     # and grad_W run as one kernel storing the accumulator, the second adding to it, the third
     # (deferred to backward) as before. Same loss and grad_W bits as the separate kernels.
     # reduction='none' runs the pass in backward with per-row grad_output (and a bias gradient).
-    from kassay.kernels import _flce_kernels as K
-    from kassay.kernels import flce as m
+    from kassay.kernels import _flce_autograd
+    from kassay.kernels import _flce_launch as m
 
     sms = m._num_sms(torch.cuda.current_device())
     h, v = 2048, 8192
@@ -168,21 +161,23 @@ def test_grads_fused_path_in_flce(red, bias, monkeypatch):
     x, w, t, b = _inputs(n, h, v, torch.bfloat16, bias, 0.1, wscale=3.0)
     go = torch.rand(n, device="cuda") + 0.5 if red == "none" else torch.tensor(1.0, device="cuda")
     budget = rows * v * 2
-    assert m.DEFER_LAST_GW
+    assert FlceConfig().defer_last_gw and FlceConfig().grads_fused
     assert m.plan_rows(n, v, 2, budget) == rows
     calls = []
-    launch = m._launch_grads
+    launch = _flce_autograd._launch_grads
 
     def counted(*a, **kw):
         calls.append(kw["accumulate"])
         launch(*a, **kw)
 
-    monkeypatch.setattr(m, "_launch_grads", counted)
+    monkeypatch.setattr(_flce_autograd, "_launch_grads", counted)
     outs = []
     for fused in (True, False):
-        monkeypatch.setattr(K, "GRADS_FUSED", fused)
+        cfg = FlceConfig(grads_fused=fused)
         outs.append(
-            run_grads(lambda xx, ww, tt, bb: _fwd(xx, ww, tt, bb, red, budget), x, w, t, b, go)
+            run_grads(
+                lambda xx, ww, tt, bb, c=cfg: _fwd(xx, ww, tt, bb, red, budget, c), x, w, t, b, go
+            )
         )
     monkeypatch.undo()
     assert calls == [False, True]
@@ -198,9 +193,11 @@ def test_grads_fused_path_in_flce(red, bias, monkeypatch):
     )  # fmt: skip
 
 
-def _fwd(x, w, t, b, red, budget):
-    """(loss, z_loss) of kassay's flce with the given reduction and memory budget."""
-    return flce_kernel()(x, w, t, b, reduction=red, return_z_loss=True, memory_budget_bytes=budget)
+def _fwd(x, w, t, b, red, budget, config=None):
+    """(loss, z_loss) of kassay's flce with the given reduction, memory budget and config."""
+    return flce_kernel()(
+        x, w, t, b, reduction=red, return_z_loss=True, memory_budget_bytes=budget, config=config
+    )
 
 
 @pytest.mark.parametrize("n,h,v", [(1, 64, 123), (37, 4097, 123), (64, 256, 50257)])

@@ -191,19 +191,19 @@ def test_batch_dims_and_unmergeable_strides() -> None:
 @pytest.mark.parametrize("cap", [32, 40, 48])
 def test_register_cap_changes_nothing(k: int, layout: str, cap: int) -> None:
     # A register cap (Triton maxnreg) may make the compiler spill; results must be bit-identical.
-    from kassay.kernels.lse_merge import LaunchConfig
+    from kassay.kernels.lse_merge import MergeConfig
 
     g = torch.Generator(device=DEV).manual_seed(k + cap)
     outs = torch.randn(k, 2, 96, 6, 128, device=DEV, generator=g).to(torch.bfloat16)
     shape = (k, 2, 6, 96) if layout == "hT" else (k, 2, 96, 6)
     lses = torch.randn(*shape, device=DEV, generator=g) * 5
     lses[0, :, :3] = NEG_INF
-    free = merge_states(outs, lses, lse_layout=layout, _config=LaunchConfig(max_registers=0))
-    capped = merge_states(outs, lses, lse_layout=layout, _config=LaunchConfig(max_registers=cap))
+    free = merge_states(outs, lses, lse_layout=layout, config=MergeConfig(max_registers=0))
+    capped = merge_states(outs, lses, lse_layout=layout, config=MergeConfig(max_registers=cap))
     assert torch.equal(free[0], capped[0])
     assert torch.equal(free[1], capped[1])
     acc = [outs[0].clone(), lses[0].clone()]
-    merge_state_(*acc, outs[1], lses[1], lse_layout=layout, _config=LaunchConfig(max_registers=cap))
+    merge_state_(*acc, outs[1], lses[1], lse_layout=layout, config=MergeConfig(max_registers=cap))
     ref = [outs[0].clone(), lses[0].clone()]
     merge_state_(*ref, outs[1], lses[1], lse_layout=layout)
     assert torch.equal(acc[0], ref[0]) and torch.equal(acc[1], ref[1])

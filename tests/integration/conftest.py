@@ -229,6 +229,25 @@ class Procs:
     def wait_ready(self, api: Proc, *procs: Proc, workers_up: int = 1) -> None:
         wait_ready(api, *procs, workers_up=workers_up)
 
+    def serve(self, *, port: int, name: str = "serve") -> Proc:
+        """`kassay serve` (API + its own CPU worker) over a database in this test's folder."""
+        proc = Proc(
+            name,
+            [
+                "serve",
+                "--port",
+                str(port),
+                "--device",
+                "cpu",
+                "--data-dir",
+                str(self.tmp / f"{name}-data"),
+            ],
+            self.tmp / f"{name}.log",
+            _env({"KASSAY_WORKER_POLL_S": "0.5"}),
+        )
+        proc.extra["url"] = f"http://127.0.0.1:{port}"
+        return proc.start()
+
     @staticmethod
     def free_port() -> int:
         return free_port()

@@ -3,7 +3,9 @@ mid-job and restarted. Each must leave a complete job with every case reported e
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -93,9 +95,11 @@ def test_worker_killed_midjob_is_replaced(procs) -> None:
 
 
 def test_api_killed_midjob_resumes(procs) -> None:
+    """With the default lease: the replacement API takes the dead one's groups over within
+    seconds, not at a ten-minute lease expiry."""
     w = procs.worker("worker-r")
     db = procs.tmp / "restart.db"
-    api = procs.api([w], db=db, lease_s="2", name="api-1")
+    api = procs.api([w], db=db, name="api-1")
     url = api.extra["url"]
     port = int(url.rsplit(":", 1)[1])
     api2 = None
@@ -109,8 +113,13 @@ def test_api_killed_midjob_resumes(procs) -> None:
         before = {c.case_id: c for c in client.jobs.report(job.id).cases}
         assert before
         api.kill()
-        api2 = procs.api([w], db=db, lease_s="2", port=port, name="api-2")
+        api2 = procs.api([w], db=db, port=port, name="api-2")
         procs.wait_ready(api2, w)
+        resumed = time.monotonic()
+        done_before = client.jobs.get(job.id).progress.done
+        while client.jobs.get(job.id).progress.done == done_before:
+            assert time.monotonic() - resumed < 30, "the replacement API did not resume the job"
+            time.sleep(0.1)
         done = client.jobs.wait(job.id, timeout=180)
         report = client.jobs.report(job.id)
         client.close()
@@ -126,3 +135,47 @@ def test_api_killed_midjob_resumes(procs) -> None:
         for p in (api2, api, w):
             if p is not None:
                 p.stop()
+
+
+def _children(pid: int) -> set[int]:
+    """Live child processes of `pid`, whichever of its threads started them (Linux /proc)."""
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out |= {int(p) for p in (task / "children").read_text().split()}
+        except OSError:
+            continue
+    return out
+
+
+def test_serve_restarts_its_worker_and_the_job_finishes(procs) -> None:
+    import signal
+
+    port = procs.free_port()
+    serve = procs.serve(port=port)
+    url = f"http://127.0.0.1:{port}"
+    new: set[int] = set()
+    try:
+        procs.wait_ready(serve, workers_up=1)
+        (worker_pid,) = _children(serve.pid)
+        with Client(url) as client:
+            job = client.jobs.create({"name": "kill-serve-worker", "suites": [SLOW]})
+            deadline = time.monotonic() + 120
+            while client.jobs.get(job.id).progress.done < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            os.kill(worker_pid, signal.SIGKILL)
+            done = client.jobs.wait(job.id, timeout=180)
+            report = client.jobs.report(job.id)
+        assert done.state == "finished" and done.progress.done == 16
+        assert all(c.status == "passed" for c in report.cases), [
+            (c.case_id, c.status, c.message) for c in report.cases if c.status != "passed"
+        ]
+        new = _children(serve.pid)
+        assert len(new) == 1 and worker_pid not in new, "the worker was not restarted"
+        assert httpx.get(f"{url}/readyz").json()["workers_up"] == 1
+    finally:
+        serve.stop()
+    deadline = time.monotonic() + 15
+    while any(os.path.exists(f"/proc/{p}") for p in new) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(os.path.exists(f"/proc/{p}") for p in new), "serve left its worker running"

@@ -126,3 +126,29 @@ def test_refusals(client: Client) -> None:
     assert exc.value.code == "CaseLimitError"
     with pytest.raises(PayloadTooLargeError):
         client.jobs.create("name: big\n" + "#" * 300_000)
+
+
+def test_cancelling_a_large_running_job_stays_cancelled(client: Client) -> None:
+    """A 10,000-case job cancelled while its groups run: cancelled, not finished, whatever
+    groups finish meanwhile; so a CI gate waiting on it fails."""
+    import time
+
+    big = {
+        **LSE,
+        "impls": ["torch"],
+        "params": {"T": list(range(1, 101)), "Hh": 2, "D": 4, "dtype": "float32"},
+        "regimes": ["normal"],
+        "seeds": list(range(100)),
+    }
+    job = client.jobs.create({"name": "cancel-race", "suites": [big]})
+    deadline = time.monotonic() + 60
+    while client.jobs.get(job.id).progress.done < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    t0 = time.monotonic()
+    cancelled = client.jobs.cancel(job.id)
+    took = time.monotonic() - t0
+    assert cancelled.state == "cancelled" and took < 5.0, took
+    time.sleep(1.0)  # groups that were running report in
+    done = client.jobs.wait(job.id, timeout=60)
+    assert done.state == "cancelled" and done.ok is False
+    assert done.progress.done == done.progress.total == 10_000

@@ -250,3 +250,41 @@ def test_readyz_waits_for_a_worker(tmp_path):
         r = c.get("/readyz")
         assert r.status_code == 503 and r.json()["workers_up"] == 0
         assert c.get("/v1/workers").json()[0]["state"] == "unknown"
+
+
+def test_admission_compares_with_free_device_memory(tmp_path):
+    with _client(tmp_path) as c:
+        disp = c.app.state.services.dispatcher
+        disp.links = [
+            WorkerLink(
+                "w:1",
+                state="up",
+                memory_bytes=10**12,  # a huge card, but another process holds most of it
+                memory_free_bytes=10_000,
+                ops={"lse_merge": ["torch", "te_style"]},
+            )
+        ]
+        big = {**SPEC, "suites": [{**SPEC["suites"][0], "params": {"T": 4096, "Hh": 8, "D": 128}}]}
+        r = c.post("/v1/jobs", json=big)
+        assert r.status_code == 422 and r.json()["error"] == "ResourceError"
+        assert "free" in r.json()["message"]
+
+
+def test_a_job_past_its_time_cap_ends_as_timeout(tmp_path):
+    import asyncio
+    import time
+
+    with _client(tmp_path, max_job_s=3600) as c:
+        capped = c.post("/v1/jobs", json={**SPEC, "max_duration_s": 0.2}).json()
+        uncapped = c.post("/v1/jobs", json=SPEC).json()
+        time.sleep(0.3)
+        asyncio.run(c.app.state.services.dispatcher._expire_overdue())
+        done = c.get(f"/v1/jobs/{capped['id']}").json()
+        assert done["state"] == "finished" and done["ok"] is False
+        cases = c.get(f"/v1/jobs/{capped['id']}/report").json()["cases"]
+        assert {x["status"] for x in cases} == {"timeout"}
+        assert "time cap of 0.2 s" in cases[0]["message"]
+        assert c.get(f"/v1/jobs/{uncapped['id']}").json()["state"] == "queued"
+    with _client(tmp_path, max_job_s=0.1) as c:  # the server's cap bounds every job
+        asyncio.run(c.app.state.services.dispatcher._expire_overdue())
+        assert c.get(f"/v1/jobs/{uncapped['id']}").json()["state"] == "finished"

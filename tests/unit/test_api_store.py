@@ -186,3 +186,49 @@ def test_a_result_is_recorded_once_with_consecutive_sequence_numbers(store):
     assert store.record_result(claim.job_id, _result(claim, "torch", "failed")) is None
     job = store.require_job(claim.job_id)
     assert job.done == 2 and job.counts["passed"] == 2 and job.counts["failed"] == 0
+
+
+def test_a_cancelled_job_stays_cancelled_while_groups_finish(store):
+    """Cancelling a 10,000-case job while a worker keeps finishing groups: the job ends
+    cancelled (never finished with ok=true), every case is accounted for once, and the cancel
+    itself is a bulk operation, not one transaction per group."""
+    import threading
+
+    big = {
+        **SPEC,
+        "suites": [
+            {
+                **SPEC["suites"][0],
+                "params": {"T": list(range(1, 51)), "Hh": 2, "D": 4, "dtype": "float32"},
+                "seeds": list(range(100)),
+            }
+        ],
+    }
+    job, _ = _create(store, spec=big)
+    assert job.total == 10_000
+    stop = threading.Event()
+
+    def worker() -> None:
+        while not stop.is_set():
+            claim = store.claim_group(worker="w", owner="o", lease_s=60)
+            if claim is None:
+                return
+            for impl in claim.group.impls:
+                store.record_result(job.id, _result(claim, impl))
+            store.finish_group(job.id, claim.group.group_id)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    time.sleep(0.3)  # some groups finish first
+    t0 = time.monotonic()
+    store.cancel_job(job.id)
+    took = time.monotonic() - t0
+    stop.set()
+    t.join(timeout=30)
+    final = store.require_job(job.id)
+    assert final.state == "cancelled" and final.ok is False
+    assert final.done == final.total == 10_000
+    assert final.counts["passed"] + final.counts["skipped"] == 10_000
+    assert final.counts["skipped"] > 0
+    assert len(store.case_results(job.id)) == 10_000
+    assert took < 5.0, f"cancelling 10,000 cases took {took:.1f} s"

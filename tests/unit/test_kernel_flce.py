@@ -12,7 +12,9 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from flce_reference import II, check_against_reference, flce_kernel, rel_l2
+from flce_reference import II, check_against_reference, flce_kernel, rel_l2, run_grads
+
+from kassay.kernels.flce import FlceConfig, FusedLinearCrossEntropyLoss
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -115,8 +117,6 @@ def test_autocast_fp32_params_fp16():
 
 
 def test_module_matches_function():
-    from kassay.kernels.flce import FusedLinearCrossEntropyLoss
-
     x, w, t, b = _inputs(10, 16, 33, torch.float32, True, 0.2, 6)
     mod = FusedLinearCrossEntropyLoss(label_smoothing=0.1, z_loss_scale=1e-3, softcap=4.0)
     a = mod(x, w, t, b)
@@ -133,7 +133,7 @@ def test_no_grad_forward_only():
 
 
 def test_gemm_and_finalize_kernels():
-    from kassay.kernels import flce as m
+    from kassay.kernels import _flce_launch as m
 
     g = torch.Generator().manual_seed(8)
     # M = 317: 10 blocks of 32 under the interpreter, so the last GROUP_M (4) group is partial
@@ -156,7 +156,7 @@ def test_gemm_and_finalize_kernels():
 
 def test_gemm_final_writes_finished_gradient():
     # the last chunk's GEMM (FINAL): out = (c + s * a^T b) * fin, out aliasing c's storage
-    from kassay.kernels import flce as m
+    from kassay.kernels import _flce_launch as m
 
     g = torch.Generator().manual_seed(9)
     a = torch.randn(41, 66, generator=g).half().to(DEV)
@@ -279,7 +279,7 @@ def test_bad_shapes_and_targets():
 def test_ce_kernel_grid_stride_matches_one_program_per_row():
     # the CE kernel on a persistent grid (fewer programs than rows, each looping with a grid
     # stride) gives the same bits as one program per row, out-of-range targets included
-    from kassay.kernels import flce as kflce
+    from kassay.kernels import _flce_launch as kflce
 
     g = torch.Generator().manual_seed(12)
     n, v = 11, 300
@@ -307,7 +307,7 @@ def test_ce_kernel_grid_stride_matches_one_program_per_row():
 def test_ce_kernel_paired_blocks_match_single(v, ls, cap):
     # two blocks per loop step (one rescale per pair) against one: same values up to float32
     # rounding, for rows shorter than one block, exactly one, one and a half, several
-    from kassay.kernels import flce as kflce
+    from kassay.kernels import _flce_launch as kflce
 
     g = torch.Generator().manual_seed(v)
     n = 5
@@ -322,7 +322,7 @@ def test_ce_kernel_paired_blocks_match_single(v, ls, cap):
         loss, zl, lse = (torch.empty(n, device=DEV) for _ in range(3))
         kflce._launch_ce(
             z, t, loss, zl, lse, scale, True, V=v, ignore_index=II, label_smoothing=ls,
-            z_loss_scale=1e-3, softcap=cap, compute_grad=True, pair=pair,
+            z_loss_scale=1e-3, softcap=cap, compute_grad=True, cfg=FlceConfig(ce_pair=pair),
         )  # fmt: skip
         outs.append((z, loss, zl, lse))
     for a, b in zip(*outs, strict=True):
@@ -334,7 +334,7 @@ def test_ce_kernel_paired_blocks_match_single(v, ls, cap):
 @pytest.mark.parametrize("ls,cap,zls", [(0.0, None, 0.0), (0.1, None, 1e-3), (0.2, 3.0, 1e-2)])
 def test_ce_kernel_against_float64(v, ls, cap, zls):
     # the CE kernel alone (unmasked full steps + masked tail, paired or not) against float64
-    from kassay.kernels import flce as kflce
+    from kassay.kernels import _flce_launch as kflce
 
     g = torch.Generator().manual_seed(v + 1)
     n = 6
@@ -362,9 +362,74 @@ def test_ce_kernel_against_float64(v, ls, cap, zls):
         loss, zl, lse = (torch.empty(n, device=DEV) for _ in range(3))
         kflce._launch_ce(
             z, t.to(DEV), loss, zl, lse, scale.to(DEV), True, V=v, ignore_index=II,
-            label_smoothing=ls, z_loss_scale=zls, softcap=cap, compute_grad=True, pair=pair,
-            hints=hints,
+            label_smoothing=ls, z_loss_scale=zls, softcap=cap, compute_grad=True,
+            cfg=FlceConfig(ce_pair=pair, ce_l2_hints=hints),
         )  # fmt: skip
         torch.testing.assert_close(lse.cpu().double()[valid], lse_ref[valid], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(loss.cpu().double(), loss_ref, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(z.cpu().double(), d_ref, rtol=1e-4, atol=1e-6)
+
+
+def test_config_reaches_the_pass(monkeypatch):
+    # the config's memory budget sets the number of chunks (one CE launch each) unless the
+    # call's keyword overrides it; gw_accumulation="cublas" (addmm_ in float16 per chunk)
+    # rounds grad_weight differently from the float32 accumulator of "auto"
+    from kassay.kernels import _flce_autograd
+
+    x, w, t, b = _inputs(64, 32, 77, torch.float16, True, 0.1, 13)
+    go = torch.tensor(1.0, device=DEV)
+    small = 8 * 77 * 2  # 8 logits rows: 8 chunks
+    launches = []
+    launch_ce = _flce_autograd._launch_ce
+
+    def counted(*a, **kw):
+        launches.append(kw["cfg"])
+        launch_ce(*a, **kw)
+
+    monkeypatch.setattr(_flce_autograd, "_launch_ce", counted)
+
+    def grads(**kw):
+        launches.clear()
+        gw = run_grads(
+            lambda xx, ww, tt, bb: flce_kernel()(xx, ww, tt, bb, return_z_loss=True, **kw),
+            x, w, t, b, go,
+        )[3]  # fmt: skip
+        return gw, len(launches)
+
+    assert grads()[1] == 1
+    by_keyword, n = grads(memory_budget_bytes=small)
+    assert n == 8
+    cfg = FlceConfig(memory_budget_bytes=small)
+    by_config, n = grads(config=cfg)
+    assert n == 8 and launches[0] is cfg
+    assert torch.equal(by_keyword, by_config)
+    assert grads(config=cfg, memory_budget_bytes=10**9)[1] == 1  # the keyword wins
+    drifting, n = grads(config=FlceConfig(memory_budget_bytes=small, gw_accumulation="cublas"))
+    assert n == 8 and not torch.equal(drifting, by_config)
+    # the module keeps and passes its config
+    mod = FusedLinearCrossEntropyLoss(config=cfg)
+    launches.clear()
+    xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+    mod(xr, wr, t, b).backward()
+    assert len(launches) == 8 and torch.equal(wr.grad, by_config)
+
+
+def test_config_is_frozen_and_checked():
+    import dataclasses
+
+    cfg = FlceConfig()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.use_tma_gemm = False  # type: ignore[misc]
+    assert dataclasses.replace(cfg, use_tma_gemm=False).use_tma_gemm is False
+    for bad in (
+        dict(memory_budget_bytes=0),
+        dict(gw_accumulation="bf16"),
+        dict(grads_fused_max_last_wave=1.5),
+        dict(gemm_config_gpu=(128, 256, 64)),
+        dict(ce_config_gpu=(4096, 16, 0.5)),
+    ):
+        with pytest.raises(ValueError):
+            FlceConfig(**bad)
+    x, w, t, _ = _inputs(4, 8, 10, torch.float32, False, 0.0, 9)
+    with pytest.raises(ValueError, match="FlceConfig"):
+        flce_kernel()(x, w, t, config={"use_tma_gemm": False})

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from kassay.kernels.lse_merge import LaunchConfig, merge_state_, merge_states
+from kassay.kernels.lse_merge import MergeConfig, merge_state, merge_state_, merge_states
 
 # The interpreter evaluates 1/0 and log(0) of empty rows in numpy before tl.where picks the
 # -inf/0 branch; numpy warns about it. The kernels' results are checked, the warnings are noise.
@@ -422,9 +422,9 @@ def test_pair_kernel_matches_kway_kernel(layout: str, posinf_is_empty: bool) -> 
         2, (3,), 6, 4, 24, dtype=torch.float32, layout=layout, regime="empty", seed=5
     )
     lses[1, 0] = torch.where(lses[1, 0] == float("-inf"), float("inf"), lses[1, 0])
-    kw = LaunchConfig(pair_kernel=False)
+    kw = MergeConfig(pair_kernel=False)
     a = merge_states(outs, lses, lse_layout=layout, posinf_is_empty=posinf_is_empty)
-    b = merge_states(outs, lses, lse_layout=layout, posinf_is_empty=posinf_is_empty, _config=kw)
+    b = merge_states(outs, lses, lse_layout=layout, posinf_is_empty=posinf_is_empty, config=kw)
     for x, y in zip(a, b, strict=True):
         assert torch.equal(torch.isnan(x), torch.isnan(y))
         fin = ~torch.isnan(x)
@@ -434,27 +434,94 @@ def test_pair_kernel_matches_kway_kernel(layout: str, posinf_is_empty: bool) -> 
 @pytest.mark.parametrize(
     "cfg",
     [
-        LaunchConfig(block_elems=64, num_warps=2, skip_empty_loads=False, tile_tokens=2),
-        LaunchConfig(block_elems=16, num_warps=1, skip_empty_loads=True, tile_tokens=1),
-        LaunchConfig(block_elems=128, num_warps=4, skip_empty_loads=False, tile_tokens=4),
-        LaunchConfig(block_elems=4096, num_warps=4, skip_empty_loads=True, tile_tokens=0),
-        LaunchConfig(block_elems=2048, num_warps=4, max_registers=32),
+        MergeConfig(block_elems=64, num_warps=2, skip_empty_loads=False, tile_tokens=2),
+        MergeConfig(block_elems=16, num_warps=1, skip_empty_loads=True, tile_tokens=1),
+        MergeConfig(block_elems=128, num_warps=4, skip_empty_loads=False, tile_tokens=4),
+        MergeConfig(block_elems=4096, num_warps=4, skip_empty_loads=True, tile_tokens=0),
+        MergeConfig(block_elems=2048, num_warps=4, max_registers=32),
     ],
 )
 @pytest.mark.parametrize("layout", ["hT", "Th"])
-def test_launch_configs(cfg: LaunchConfig, layout: str) -> None:
+def test_launch_configs(cfg: MergeConfig, layout: str) -> None:
     # The tuning knobs the benchmark sweeps must not change results (beyond fp32 rounding).
     outs, lses = make_states(
         3, (2,), 5, 3, 16, dtype=torch.float32, layout=layout, regime="empty", seed=21
     )
     ref_o, ref_l = ref_merge(outs, lses, layout)
-    out, lse = merge_states(outs, lses, lse_layout=layout, _config=cfg)
+    out, lse = merge_states(outs, lses, lse_layout=layout, config=cfg)
     assert not torch.isnan(out).any()
     assert rel_l2(out, ref_o) <= 2e-6
     lse_close(lse, ref_l)
     acc_o, acc_l = outs[0].clone(), lses[0].clone()
     for i in (1, 2):
-        merge_state_(acc_o, acc_l, outs[i], lses[i], lse_layout=layout, _config=cfg)
+        merge_state_(acc_o, acc_l, outs[i], lses[i], lse_layout=layout, config=cfg)
     assert not torch.isnan(acc_o).any()
     assert rel_l2(acc_o, ref_o) <= 4e-6
     lse_close(acc_l, ref_l, rtol=2**-22)
+
+
+# ------------------------------------------------------------------------------- merge_state
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("layout", ["hT", "Th"])
+@pytest.mark.parametrize("regime", ["normal", "huge", "empty"])
+def test_merge_state_two_states(dtype: torch.dtype, layout: str, regime: str) -> None:
+    # FlashInfer-style two-state merge: new tensors, inputs untouched, the K-way merge's values
+    outs, lses = make_states(2, (2,), 5, 3, 16, dtype=dtype, layout=layout, regime=regime, seed=8)
+    a_out, a_lse, b_out, b_lse = outs[0].clone(), lses[0].clone(), outs[1].clone(), lses[1].clone()
+    out, lse = merge_state(a_out, a_lse, b_out, b_lse, lse_layout=layout)
+    for t, orig in zip(
+        (a_out, a_lse, b_out, b_lse), (outs[0], lses[0], outs[1], lses[1]), strict=True
+    ):
+        assert torch.equal(t.nan_to_num(), orig.nan_to_num())
+    assert out.dtype == dtype and out.is_contiguous() and lse.is_contiguous()
+    assert out.data_ptr() != a_out.data_ptr() and lse.data_ptr() != a_lse.data_ptr()
+    ref_o, ref_l = ref_merge(outs, lses, layout)
+    assert out.shape == ref_o.shape and lse.shape == ref_l.shape
+    assert not torch.isnan(out).any()
+    lse_close(lse, ref_l)
+    assert rel_l2(out, ref_o) <= OUT_RTOL[dtype]
+    kway_o, kway_l = merge_states(outs, lses, lse_layout=layout)
+    torch.testing.assert_close(out, kway_o, rtol=OUT_RTOL[dtype], atol=OUT_RTOL[dtype])
+    torch.testing.assert_close(lse, kway_l, rtol=2e-7, atol=0.0)
+
+
+def test_merge_state_natural_log_and_views() -> None:
+    # equal LSEs weigh the two outs equally and add ln 2 (natural log, not log2's +1); strided
+    # views of a [T, 2, Hh, D] buffer (FlashInfer's stacked layout) and a "Th" LSE are accepted
+    both = torch.stack([torch.full((3, 2, 4), 1.0), torch.full((3, 2, 4), 3.0)], dim=1)
+    lse = torch.full((3, 2, 2), 5.0)
+    out, merged = merge_state(both[:, 0], lse[:, 0], both[:, 1], lse[:, 1], lse_layout="Th")
+    assert torch.allclose(out, torch.full((3, 2, 4), 2.0))
+    assert torch.allclose(merged, torch.full((3, 2), 5.0 + math.log(2.0)))
+
+
+def test_merge_state_bad_inputs_two_states() -> None:
+    a = torch.zeros(4, 2, 8)
+    la = torch.zeros(2, 4)
+    with pytest.raises(ValueError, match="out_step"):
+        merge_state(a, la, torch.zeros(3, 2, 8), torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="float32"):
+        merge_state(a, la.double(), a, la)
+    with pytest.raises(ValueError, match="lse_layout"):
+        merge_state(a, la, a, la, lse_layout="TH")
+
+
+def test_config_keyword_and_deprecated_alias() -> None:
+    # config= is the keyword; _config= (its former name) still works, with a warning
+    from kassay.kernels.lse_merge import LaunchConfig
+
+    assert LaunchConfig is MergeConfig
+    outs, lses = make_states(3, (), 4, 2, 8, dtype=torch.float32, layout="hT", regime="normal",
+                             seed=3)  # fmt: skip
+    cfg = MergeConfig(block_elems=16, num_warps=1)
+    new = merge_states(outs, lses, config=cfg)
+    with pytest.warns(DeprecationWarning, match="config="):
+        old = merge_states(outs, lses, _config=cfg)
+    for x, y in zip(new, old, strict=True):
+        assert torch.equal(x, y)
+    with pytest.raises(ValueError, match="config= only"):
+        merge_states(outs, lses, config=cfg, _config=cfg)
+    with pytest.raises(ValueError, match="MergeConfig"):
+        merge_states(outs, lses, config={"block_elems": 16})

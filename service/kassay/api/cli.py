@@ -13,8 +13,10 @@ Heavy imports (fastapi, uvicorn, grpc, torch) stay inside the command functions.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+_log = logging.getLogger("kassay.serve")
 
 
 def register(sub: Any) -> None:
@@ -129,6 +133,10 @@ class Embedded:
         self.url = f"http://{args.host}:{args.port}"
         self.worker: subprocess.Popen[bytes] | None = None
         self.server: Any = None
+        self.worker_restarts = 0
+        self._worker_started = 0.0
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
         # The local worker takes calls only with this token (other users of the host can reach
         # its loopback port); it reaches the worker through its environment, not its argv.
         self.worker_token = os.environ.get("KASSAY_WORKER_TOKEN") or secrets.token_urlsafe(32)
@@ -146,9 +154,41 @@ class Embedded:
         ]
         if self.args.enable_test_impls:
             cmd.append("--enable-test-impls")
-        log = open(self.data_dir / "worker.log", "ab")  # noqa: SIM115 (owned by the child)
         env = {**os.environ, "KASSAY_WORKER_TOKEN": self.worker_token}
-        self.worker = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        with open(self.data_dir / "worker.log", "ab") as log:
+            self.worker = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+            )
+        self._worker_started = time.monotonic()
+
+    def supervise_worker(self) -> None:
+        """Restart the worker whenever it exits (killed, crashed), with a backoff that doubles
+        from 1 s to 30 s and starts over once a worker has lived a minute; the API requeues the
+        groups it was running. Runs until stop_worker()."""
+
+        def watch() -> None:
+            backoff = 1.0
+            while not self._stopping.wait(0.5):
+                proc = self.worker
+                if proc is None or proc.poll() is None:  # poll() also reaps a dead child
+                    continue
+                lived = time.monotonic() - self._worker_started
+                if lived > 60:
+                    backoff = 1.0
+                _log.warning(
+                    "the worker exited (%s) after %.0f s; restarting it in %.0f s",
+                    _exit_text(proc.returncode),
+                    lived,
+                    backoff,
+                )
+                if self._stopping.wait(backoff):
+                    return
+                self.worker_restarts += 1
+                self.start_worker()
+                backoff = min(backoff * 2, 30.0)
+
+        self._watchdog = threading.Thread(target=watch, name="worker-watchdog", daemon=True)
+        self._watchdog.start()
 
     def make_server(self) -> Any:
         import uvicorn
@@ -182,6 +222,9 @@ class Embedded:
         )
 
     def stop_worker(self) -> None:
+        self._stopping.set()
+        if self._watchdog is not None:
+            self._watchdog.join(timeout=5)
         if self.worker is None or self.worker.poll() is not None:
             return
         self.worker.terminate()
@@ -208,6 +251,28 @@ class Embedded:
         return False
 
 
+def _die_with_parent() -> None:
+    """In the worker child (Linux): get SIGTERM when `kassay serve` dies, even by SIGKILL, so
+    no worker is left re-parented to init. (The signal follows the thread that started the
+    child: the watchdog's restarts live until stop_worker() ends that thread.)"""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
 def _check_port(host: str, port: int) -> str | None:
     with socket.socket() as s:
         try:
@@ -225,6 +290,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     emb = Embedded(args)
     emb.start_worker()
+    emb.supervise_worker()
     server = emb.make_server()
     print(emb.banner(), flush=True)
     try:
@@ -245,6 +311,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 2
     emb = Embedded(args)
     emb.start_worker()
+    emb.supervise_worker()
     server = emb.make_server()
     result = {"code": 2}
 

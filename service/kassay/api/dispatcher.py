@@ -71,6 +71,7 @@ class WorkerLink:
     device: str | None = None
     device_name: str | None = None
     memory_bytes: int | None = None
+    memory_free_bytes: int | None = None
     ops: dict[str, list[str]] = field(default_factory=dict)
     environment: dict[str, Any] | None = None
     last_seen: float | None = None
@@ -144,8 +145,15 @@ class Dispatcher:
         return f"no single worker offers all of {', '.join(impls)} for op {op!r}"
 
     def max_memory(self) -> int | None:
-        sizes = [link.memory_bytes for link in self.links if link.memory_bytes]
-        return max(sizes) if sizes else None
+        """The most device memory a described worker has free for kassay (measured when its
+        executor started, so it leaves out what other processes hold); its total where the
+        worker reported no free figure."""
+        sizes = [
+            link.memory_free_bytes or link.memory_bytes
+            for link in self.links
+            if link.memory_free_bytes or link.memory_bytes
+        ]
+        return max(s for s in sizes if s) if sizes else None
 
     def workers_up(self) -> int:
         return sum(1 for link in self.links if link.state == "up")
@@ -215,6 +223,7 @@ class Dispatcher:
         link.device = resp.device
         link.device_name = resp.device_name
         link.memory_bytes = int(resp.memory_total_bytes) or None
+        link.memory_free_bytes = int(resp.memory_free_bytes) or None
         mutants = self.settings.enable_mutants
         link.ops = {
             op.name: [i.name for i in op.impls if mutants or i.kind != "mutant"] for op in resp.ops
@@ -451,6 +460,7 @@ class Dispatcher:
                     self.store.requeue_expired, max_attempts=self.settings.max_attempts
                 )
                 await self._fail_unrunnable()
+                await self._expire_overdue()
                 for job_id, _ in requeued:
                     self.notifier.notify(job_id)
                 if requeued:
@@ -461,6 +471,18 @@ class Dispatcher:
             except Exception:
                 log.exception("lease sweeper")
             await asyncio.sleep(period)
+
+    async def _expire_overdue(self) -> None:
+        """End the jobs past their time cap and stop their running groups."""
+        overdue = await asyncio.to_thread(
+            self.store.overdue_jobs, now=time.time(), max_job_s=self.settings.max_job_s
+        )
+        for job_id, cap in overdue:
+            reason = f"the job ran past its time cap of {cap:g} s"
+            log.warning("job %s: %s; ending it", job_id, reason)
+            _, running = await asyncio.to_thread(self.store.expire_job, job_id, reason=reason)
+            await self.cancel_runs(running)
+            self.notifier.notify(job_id)
 
     async def _fail_unrunnable(self) -> None:
         """Fail the pending groups that no described worker can run. Jobs admitted before any

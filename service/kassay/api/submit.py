@@ -23,7 +23,7 @@ class WorkerCatalog(Protocol):
         """Impl names the described workers offer for `op`; None when no worker is known."""
 
     def max_memory(self) -> int | None:
-        """The largest device memory of any described worker; None when none is known."""
+        """The most device memory any described worker has free; None when none is known."""
 
 
 @dataclass
@@ -107,7 +107,7 @@ def admit(
     if capacity is not None and worst is not None and need > capacity:
         raise ResourceError(
             f"group {worst.group_id} ({worst.op} {worst.params}) needs about {need / 2**30:.2f} "
-            f"GiB of device memory; the largest worker has {capacity / 2**30:.2f} GiB",
+            f"GiB of device memory; the most any worker has free is {capacity / 2**30:.2f} GiB",
             details={
                 "loc": ["suites", worst.suite_index, "params"],
                 "needed_bytes": need,

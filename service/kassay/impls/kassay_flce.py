@@ -9,7 +9,7 @@ import torch
 
 from kassay.impls import flce_harness
 from kassay.impls.registry import Impl, register
-from kassay.kernels.flce import fused_linear_cross_entropy
+from kassay.kernels import fused_linear_cross_entropy
 from kassay.ops.flce import FlceParams
 
 

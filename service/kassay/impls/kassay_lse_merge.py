@@ -8,7 +8,7 @@ import torch
 
 from kassay.impls import lse_harness
 from kassay.impls.registry import Impl, register
-from kassay.kernels.lse_merge import merge_state_, merge_states
+from kassay.kernels import merge_state_, merge_states
 
 
 def _merge(

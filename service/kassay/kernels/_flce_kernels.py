@@ -1,6 +1,9 @@
 """Triton kernels of kassay's fused linear cross-entropy (pure @triton.jit code + tuning).
 
-Launchers, input checks and the autograd Function live in `kassay.kernels.flce`.
+Input checks and the public API live in `kassay.kernels.flce`, the autograd Function in
+`_flce_autograd`, the launchers in `_flce_launch`. The tuning constants below are the defaults
+of `kassay.kernels.flce_config.FlceConfig`, read once when it is defined: to run other values,
+pass a `FlceConfig` (assigning to these names at run time changes nothing).
 
 Kernels
 - `_ce_rows_kernel`: one logits row at a time per program (grid stride over the rows). Pass 1
@@ -31,7 +34,7 @@ import triton.language as tl
 # rows in flight: at V = 128256, 33 MB, a row's second pass can find it in L2); shorter rows: one
 # program per row. CE_PAIR: two blocks per loop step (both loads in flight, one rescale exp per
 # two elements). H200, one 1792 x 128256 bf16 chunk: 0.367 ms against 0.418-0.425 without
-# pairing; 960 x 256000: 0.461 against 0.475-0.539 (results/flce-ce-pair-probe-h200-2026-12-02.json).
+# pairing; 960 x 256000: 0.461 against 0.475-0.539 (research/results/flce-ce-pair-probe-h200-2026-12-02.json).
 CE_LONG_ROW_V = 8192
 CE_CONFIG_LONG_GPU = (8192, 32, 1)
 CE_CONFIG_GPU = (4096, 16, 0)
@@ -42,7 +45,7 @@ CE_PAIR = True
 # 256000). H200: 0.324 -> 0.303 ms per 1792 x 128256 chunk, 0.416 -> 0.375 per 960 x 256000.
 # Walking pass 2 backwards (it then starts on the columns read last) gained alone (0.316,
 # 0.375) but not on top of the hints (0.320, 0.373): not kept
-# (results/flce-ce-ab-h200-2026-12-02-l2.json).
+# (research/results/flce-ce-ab-h200-2026-12-02-l2.json).
 CE_L2_HINTS = True
 CE_BLOCK_V_INTERP = 64
 
@@ -67,7 +70,7 @@ GEMM_CONFIG_INTERP = (32, 32, 32, 4, 4, 1)
 # least one wave of the SMs and the last wave at most GRADS_FUSED_MAX_LAST_WAVE of them. H200,
 # 1792 x 4096 x 128256 (224 tiles on 132 SMs, last wave 70%): 5.52-5.91 ms against 5.79-6.00
 # for cuBLAS grad_x + the TMA grad_W kernel; at one wave or less (1024 x 4096, 960 x 2304) it
-# was 1-3% slower (results/flce-fused-probe-h200-2026-12-02-r6.json).
+# was 1-3% slower (research/results/flce-fused-probe-h200-2026-12-02-r6.json).
 GRADS_FUSED = True
 GRADS_FUSED_MAX_LAST_WAVE = 0.75
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) of both halves of that kernel.

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 # Elements (rows x padded D) one program handles per state, and warps per program, by default.
-# Chosen from the H200 sweeps recorded in bench/NOTES-lse_merge.md.
+# Chosen from the H200 sweeps recorded in research/NOTES-lse_merge.md.
 DEFAULT_BLOCK_ELEMS = 2048
 DEFAULT_NUM_WARPS = 4
 # Skip loading a state's out row whose weight is zero (empty state): saves bandwidth on empty
@@ -217,7 +217,7 @@ def _merge_pair_kernel(
     one set plus a stride, and the arithmetic that of the in-place step. Needs fewer registers
     per thread than the K-way kernel (sm_90, "hT": 32 against 45; the LSE is stored before the
     outs are loaded, which frees its registers), so more programs fit on an SM and more loads
-    are in flight (bench/NOTES-lse_merge.md, v5)."""
+    are in flight (research/NOTES-lse_merge.md, v5)."""
     b, s, h, rmask = _tile_rows(S, HH, BLOCK_T, BLOCK_H, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
     full = _element_mask(rmask, d, D, EVEN_D)

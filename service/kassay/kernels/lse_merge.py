@@ -24,6 +24,7 @@ Only torch and triton are imported here (the GPU worker image has nothing else).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
@@ -39,12 +40,13 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_S_HH = 2**31 - 2**20
 _MAX_GRID = 2**31 - 1
 
-__all__ = ["LaunchConfig", "merge_state_", "merge_states"]
+__all__ = ["LaunchConfig", "MergeConfig", "merge_state", "merge_state_", "merge_states"]
 
 
 @dataclass(frozen=True)
-class LaunchConfig:
-    """Tuning of one launch (the benchmark sweeps these; results do not depend on them).
+class MergeConfig:
+    """Tuning of one launch, passed as ``config=`` (the benchmark sweeps these; results do not
+    depend on them).
 
     block_elems: rows x padded D one program handles per state; num_warps: warps per program;
     skip_empty_loads: do not read the out rows of empty states (weight 0); tile_tokens: tokens
@@ -62,14 +64,17 @@ class LaunchConfig:
     pair_kernel: bool = True
 
 
-_DEFAULT_CONFIG = LaunchConfig()
+#: The name this class had before it was exported from `kassay.kernels`; kept for old imports.
+LaunchConfig = MergeConfig
+
+_DEFAULT_CONFIG = MergeConfig()
 
 
 # K-way kernel constants the two-state kernel does not take.
 _KWAY_ONLY = ("K", "ACC_IN_OUT_DTYPE")
 
 
-def _register_cap(cfg: LaunchConfig) -> dict[str, int]:
+def _register_cap(cfg: MergeConfig) -> dict[str, int]:
     """Launch option capping registers per thread, when the config asks for one."""
     return {"maxnreg": cfg.max_registers} if cfg.max_registers > 0 else {}
 
@@ -85,6 +90,22 @@ def _next_pow2(n: int) -> int:
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _pick_config(config: MergeConfig | None, old: MergeConfig | None) -> MergeConfig:
+    """The launch config of a call: ``config``, or the deprecated ``_config`` keyword."""
+    if old is not None:
+        if config is not None:
+            raise ValueError("pass config= only (_config is its deprecated former name)")
+        warnings.warn(
+            "the _config keyword is deprecated: pass config=", DeprecationWarning, stacklevel=3
+        )
+        config = old
+    if config is None:
+        return _DEFAULT_CONFIG
+    if not isinstance(config, MergeConfig):
+        raise ValueError(f"config must be a MergeConfig or None, got {type(config).__name__}")
+    return config
 
 
 def _check_layout(lse_layout: str) -> None:
@@ -156,7 +177,7 @@ def _seq_head_strides(t: torch.Tensor, lse_layout: str | None) -> tuple[int, int
     return (st[-1], st[-2]) if lse_layout == "hT" else (st[-2], st[-1])
 
 
-def _tile(s: int, hh: int, block_d: int, lse_s_stride: int, cfg: LaunchConfig) -> tuple[int, int]:
+def _tile(s: int, hh: int, block_d: int, lse_s_stride: int, cfg: MergeConfig) -> tuple[int, int]:
     """(BLOCK_T, BLOCK_H) for a tile of about cfg.block_elems elements per state."""
     block_r = max(1, cfg.block_elems // block_d)
     sp, hp = _next_pow2(max(s, 1)), _next_pow2(max(hh, 1))
@@ -198,7 +219,8 @@ def merge_states(
     out_dtype: torch.dtype | None = None,
     accumulate: Accumulate = "float32",
     posinf_is_empty: bool = True,
-    _config: LaunchConfig | None = None,
+    config: MergeConfig | None = None,
+    _config: MergeConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge K partial attention states into one (out-of-place), in one pass over the outs.
 
@@ -215,6 +237,8 @@ def merge_states(
             step-by-step merge kept in the output dtype would (for validation studies).
         posinf_is_empty: read ``lse = +inf`` (FlashAttention-2's mark of an empty row) as
             ``-inf``. Default True.
+        config: launch tuning (`MergeConfig`); default ``MergeConfig()``. ``_config`` is its
+            deprecated former name.
 
     Returns:
         ``(out, lse)``: out ``[..., S, Hh, D]`` in ``out_dtype``, contiguous; lse float32,
@@ -268,7 +292,7 @@ def merge_states(
         return out, lse
     if s > _MAX_S_HH or hh > _MAX_S_HH:
         raise ValueError(f"S = {s} or Hh = {hh} is over the int32 row index")
-    cfg = _config or _DEFAULT_CONFIG
+    cfg = _pick_config(config, _config)
     nb = len(batch)
     block_d = _next_pow2(max(d, 1))
     bt, bh = _tile(s, hh, block_d, _seq_head_strides(lses, lse_layout)[0], cfg)
@@ -333,7 +357,8 @@ def merge_state_(
     second_half: bool = False,
     acc: torch.Tensor | None = None,
     posinf_is_empty: bool = True,
-    _config: LaunchConfig | None = None,
+    config: MergeConfig | None = None,
+    _config: MergeConfig | None = None,
 ) -> None:
     """Fold one new partial state into an accumulator, in place (one ring-attention step).
 
@@ -359,6 +384,8 @@ def merge_state_(
             steps lose no precision to ``out``'s dtype. Without it the running sum is rounded
             to ``out``'s dtype at every step.
         posinf_is_empty: read ``lse = +inf`` as ``-inf`` (empty row). Default True.
+        config: launch tuning (`MergeConfig`); default ``MergeConfig()``. ``_config`` is its
+            deprecated former name.
 
     Returns:
         None. ``out``, ``lse`` (and ``acc``) hold the result.
@@ -403,7 +430,7 @@ def merge_state_(
         return
     if s > _MAX_S_HH or hh > _MAX_S_HH:
         raise ValueError(f"S = {s} or Hh = {hh} is over the int32 row index")
-    cfg = _config or _DEFAULT_CONFIG
+    cfg = _pick_config(config, _config)
     nb = len(batch)
     s_off = s // 2 if second_half else 0
     block_d = _next_pow2(max(d, 1))
@@ -447,3 +474,58 @@ def merge_state_(
         )  # fmt: skip
 
     _foreach_batch(tensors, [0] * len(tensors), nb, launch)
+
+
+# ---------------------------------------------------------------------------- two-state merge
+
+
+def merge_state(
+    out_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    *,
+    lse_layout: LseLayout = "hT",
+    posinf_is_empty: bool = True,
+    config: MergeConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge two partial attention states into a new one (FlashInfer's ``merge_state``).
+
+    ``lse = log(exp(lse_a) + exp(lse_b))`` and ``out = exp(lse_a - lse) * out_a +
+    exp(lse_b - lse) * out_b``, computed in float32 with the exponents shifted by the row's
+    larger LSE and rounded once to ``out_a``'s dtype. The inputs are not modified.
+
+    Args:
+        out_a: ``[..., S, Hh, D]`` partial output of the first KV segment, float16, bfloat16
+            or float32, contiguous in ``D``.
+        lse_a: its log-sum-exp, **natural log** (base e), float32, ``[..., Hh, S]`` for
+            ``lse_layout="hT"`` (FlashAttention's ``softmax_lse``) or ``[..., S, Hh]`` for
+            ``"Th"`` (FlashInfer's ``[seq_len, num_heads]``). An LSE kept in base 2 must be
+            multiplied by ln 2 first.
+        out_b: the second segment's output, same shape as ``out_a``, any of the float dtypes.
+        lse_b: its log-sum-exp, natural log, float32, same shape and layout as ``lse_a``.
+        lse_layout: ``"hT"`` (default) or ``"Th"``, for ``lse_a``, ``lse_b`` and the result.
+        posinf_is_empty: read ``lse = +inf`` (FlashAttention-2's mark of an empty row) as
+            ``-inf``. A state with ``lse = -inf`` is empty and its out row is not read; a row
+            empty in both gives out 0 and lse ``-inf``.
+        config: launch tuning (`MergeConfig`); default ``MergeConfig()``.
+
+    Returns:
+        ``(out, lse)``: out ``[..., S, Hh, D]`` in ``out_a``'s dtype, contiguous; lse float32,
+        natural log, contiguous, in ``lse_layout``. The same values as
+        ``merge_states([out_a, out_b], [lse_a, lse_b])`` when the two outs share a dtype.
+
+    Cost: one copy of ``out_a`` (and ``lse_a``) and one in-place step (`merge_state_`), which
+    moves less than stacking the two states for `merge_states`. In a loop, fold states into one
+    accumulator with `merge_state_` instead, or merge K stacked states with `merge_states`.
+    """
+    _check_layout(lse_layout)
+    _check_out_tensor("out_a", out_a)
+    _check_lse_tensor("lse_a", lse_a)
+    out = out_a.clone(memory_format=torch.contiguous_format)
+    lse = lse_a.clone(memory_format=torch.contiguous_format)
+    merge_state_(
+        out, lse, out_b, lse_b, lse_layout=lse_layout, posinf_is_empty=posinf_is_empty,
+        config=config,
+    )  # fmt: skip
+    return out, lse

@@ -344,6 +344,7 @@ class TimingPolicy(_message.Message):
     BUDGET_S_FIELD_NUMBER: _builtins.int
     TARGET_REL_SEM_FIELD_NUMBER: _builtins.int
     FLUSH_L2_FIELD_NUMBER: _builtins.int
+    CUDA_GRAPH_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     warmup: _builtins.int
     min_reps: _builtins.int
@@ -351,6 +352,9 @@ class TimingPolicy(_message.Message):
     budget_s: _builtins.float
     target_rel_sem: _builtins.float
     flush_l2: _builtins.bool
+    """cold (true, default) or warm L2"""
+    cuda_graph: _builtins.bool
+    """time CUDA-graph replays where capturable (default true)"""
     def __init__(
         self,
         *,
@@ -361,13 +365,16 @@ class TimingPolicy(_message.Message):
         budget_s: _builtins.float | None = ...,
         target_rel_sem: _builtins.float | None = ...,
         flush_l2: _builtins.bool | None = ...,
+        cuda_graph: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_s: _TypeAlias = _typing.Literal["budget_s"]  # noqa: Y015
     _WhichOneofArgType__budget_s: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s"]  # noqa: Y015
+    _WhichOneofReturnType__cuda_graph: _TypeAlias = _typing.Literal["cuda_graph"]  # noqa: Y015
+    _WhichOneofArgType__cuda_graph: _TypeAlias = _typing.Literal["_cuda_graph", b"_cuda_graph"]  # noqa: Y015
     _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
     _WhichOneofArgType__enabled: _TypeAlias = _typing.Literal["_enabled", b"_enabled"]  # noqa: Y015
     _WhichOneofReturnType__flush_l2: _TypeAlias = _typing.Literal["flush_l2"]  # noqa: Y015
@@ -382,6 +389,8 @@ class TimingPolicy(_message.Message):
     _WhichOneofArgType__warmup: _TypeAlias = _typing.Literal["_warmup", b"_warmup"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_s) -> _WhichOneofReturnType__budget_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cuda_graph) -> _WhichOneofReturnType__cuda_graph | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__enabled) -> _WhichOneofReturnType__enabled | None: ...
     @_typing.overload
@@ -615,8 +624,17 @@ class TimingStats(_message.Message):
     GBPS_FIELD_NUMBER: _builtins.int
     ROOFLINE_FRACTION_FIELD_NUMBER: _builtins.int
     SPEEDUP_VS_BASELINE_FIELD_NUMBER: _builtins.int
+    MODE_FIELD_NUMBER: _builtins.int
+    WALL_MEDIAN_MS_FIELD_NUMBER: _builtins.int
+    HOST_OVERHEAD_MS_FIELD_NUMBER: _builtins.int
+    GRAPH_FALLBACK_FIELD_NUMBER: _builtins.int
+    SM_CLOCK_MHZ_FIELD_NUMBER: _builtins.int
+    POWER_W_FIELD_NUMBER: _builtins.int
+    POWER_LIMIT_W_FIELD_NUMBER: _builtins.int
+    THROTTLE_REASONS_FIELD_NUMBER: _builtins.int
+    POWER_CAPPED_FIELD_NUMBER: _builtins.int
     clock: _builtins.str
-    """cuda_events | cpu_perf_counter"""
+    """cuda_events | cpu_perf_counter (median_ms ...: device time on CUDA)"""
     n: _builtins.int
     median_ms: _builtins.float
     mean_ms: _builtins.float
@@ -629,6 +647,20 @@ class TimingStats(_message.Message):
     gbps: _builtins.float
     roofline_fraction: _builtins.float
     speedup_vs_baseline: _builtins.float
+    mode: _builtins.str
+    """graph | events | cpu"""
+    wall_median_ms: _builtins.float
+    """host + device per call"""
+    host_overhead_ms: _builtins.float
+    """wall - device"""
+    graph_fallback: _builtins.str
+    """why the call was not timed as a CUDA graph"""
+    sm_clock_mhz: _builtins.float
+    power_w: _builtins.float
+    power_limit_w: _builtins.float
+    power_capped: _builtins.bool
+    @_builtins.property
+    def throttle_reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
         self,
         *,
@@ -645,27 +677,60 @@ class TimingStats(_message.Message):
         gbps: _builtins.float | None = ...,
         roofline_fraction: _builtins.float | None = ...,
         speedup_vs_baseline: _builtins.float | None = ...,
+        mode: _builtins.str = ...,
+        wall_median_ms: _builtins.float | None = ...,
+        host_overhead_ms: _builtins.float | None = ...,
+        graph_fallback: _builtins.str | None = ...,
+        sm_clock_mhz: _builtins.float | None = ...,
+        power_w: _builtins.float | None = ...,
+        power_limit_w: _builtins.float | None = ...,
+        throttle_reasons: _abc.Iterable[_builtins.str] | None = ...,
+        power_capped: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_roofline_fraction", b"_roofline_fraction", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "gbps", b"gbps", "roofline_fraction", b"roofline_fraction", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_roofline_fraction", b"_roofline_fraction", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "clock", b"clock", "gbps", b"gbps", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "clock", b"clock", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gbps: _TypeAlias = _typing.Literal["gbps"]  # noqa: Y015
     _WhichOneofArgType__gbps: _TypeAlias = _typing.Literal["_gbps", b"_gbps"]  # noqa: Y015
+    _WhichOneofReturnType__graph_fallback: _TypeAlias = _typing.Literal["graph_fallback"]  # noqa: Y015
+    _WhichOneofArgType__graph_fallback: _TypeAlias = _typing.Literal["_graph_fallback", b"_graph_fallback"]  # noqa: Y015
+    _WhichOneofReturnType__host_overhead_ms: _TypeAlias = _typing.Literal["host_overhead_ms"]  # noqa: Y015
+    _WhichOneofArgType__host_overhead_ms: _TypeAlias = _typing.Literal["_host_overhead_ms", b"_host_overhead_ms"]  # noqa: Y015
+    _WhichOneofReturnType__power_limit_w: _TypeAlias = _typing.Literal["power_limit_w"]  # noqa: Y015
+    _WhichOneofArgType__power_limit_w: _TypeAlias = _typing.Literal["_power_limit_w", b"_power_limit_w"]  # noqa: Y015
+    _WhichOneofReturnType__power_w: _TypeAlias = _typing.Literal["power_w"]  # noqa: Y015
+    _WhichOneofArgType__power_w: _TypeAlias = _typing.Literal["_power_w", b"_power_w"]  # noqa: Y015
     _WhichOneofReturnType__roofline_fraction: _TypeAlias = _typing.Literal["roofline_fraction"]  # noqa: Y015
     _WhichOneofArgType__roofline_fraction: _TypeAlias = _typing.Literal["_roofline_fraction", b"_roofline_fraction"]  # noqa: Y015
+    _WhichOneofReturnType__sm_clock_mhz: _TypeAlias = _typing.Literal["sm_clock_mhz"]  # noqa: Y015
+    _WhichOneofArgType__sm_clock_mhz: _TypeAlias = _typing.Literal["_sm_clock_mhz", b"_sm_clock_mhz"]  # noqa: Y015
     _WhichOneofReturnType__speedup_vs_baseline: _TypeAlias = _typing.Literal["speedup_vs_baseline"]  # noqa: Y015
     _WhichOneofArgType__speedup_vs_baseline: _TypeAlias = _typing.Literal["_speedup_vs_baseline", b"_speedup_vs_baseline"]  # noqa: Y015
     _WhichOneofReturnType__tflops: _TypeAlias = _typing.Literal["tflops"]  # noqa: Y015
     _WhichOneofArgType__tflops: _TypeAlias = _typing.Literal["_tflops", b"_tflops"]  # noqa: Y015
+    _WhichOneofReturnType__wall_median_ms: _TypeAlias = _typing.Literal["wall_median_ms"]  # noqa: Y015
+    _WhichOneofArgType__wall_median_ms: _TypeAlias = _typing.Literal["_wall_median_ms", b"_wall_median_ms"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gbps) -> _WhichOneofReturnType__gbps | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__graph_fallback) -> _WhichOneofReturnType__graph_fallback | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__host_overhead_ms) -> _WhichOneofReturnType__host_overhead_ms | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__power_limit_w) -> _WhichOneofReturnType__power_limit_w | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__power_w) -> _WhichOneofReturnType__power_w | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__roofline_fraction) -> _WhichOneofReturnType__roofline_fraction | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__sm_clock_mhz) -> _WhichOneofReturnType__sm_clock_mhz | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__speedup_vs_baseline) -> _WhichOneofReturnType__speedup_vs_baseline | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__tflops) -> _WhichOneofReturnType__tflops | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__wall_median_ms) -> _WhichOneofReturnType__wall_median_ms | None: ...
 
 Global___TimingStats: _TypeAlias = TimingStats  # noqa: Y015
 

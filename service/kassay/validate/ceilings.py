@@ -11,6 +11,13 @@ import torch
 from kassay.validate.spec import TimingPolicy
 from kassay.validate.timing import time_call
 
+#: What the environment record says of how `ceilings` were measured.
+CEILINGS_METHOD = (
+    "matmul: 8192^3 bf16 (512^3 fp32 on the CPU) on random normal data (zero operands draw "
+    "less power and overstate the sustained ceiling by ~15% on an H200); copy: 512 MiB device "
+    "to device; medians of repetitions without an L2 flush"
+)
+
 
 @functools.lru_cache(maxsize=4)
 def measure_ceilings(device: torch.device) -> dict[str, float]:

@@ -23,8 +23,10 @@ from kassay.validate.case_result import case_result
 from kassay.validate.ceilings import measure_ceilings
 from kassay.validate.env import environment, resolve_device
 from kassay.validate.metrics import RawMetrics, compare, rounding_error
+from kassay.validate.reference_cache import shared_cache
 from kassay.validate.results import (
     CaseResult,
+    Environment,
     MemoryStats,
     OutputMetrics,
     TimingStats,
@@ -201,12 +203,25 @@ class GroupRunner:
         )
         self.include = {"include_mutants": include_mutants, "include_testing": include_testing}
         self.specs = self.op.outputs(self.params)
-        self.inputs = self.op.make_inputs(self.params, group.regime, group.seed, device)
-        self.ref = self.op.reference(self.inputs, self.params)
+        cache = shared_cache()
+        self.inputs, self.ref, hit = cache.get_or_make(
+            cache.key(group.op, group.params, group.regime, group.seed, device),
+            device,
+            lambda: self._make_reference(group, device),
+        )
+        self.env = Environment.model_validate(
+            {**self.env.model_dump(), "reference_cache": "hit" if hit else "miss"}
+        )
         self.floors = {s.name: rounding_error(self.ref[s.name], s.dtype) for s in self.specs}
         self.base_raw: dict[str, RawMetrics | None] = {}
         self.base_median: float | None = None
         self.poison = 2 * self.op.unavoidable_bytes(self.params)
+
+    def _make_reference(
+        self, group: GroupSpec, device: torch.device
+    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        inputs = self.op.make_inputs(self.params, group.regime, group.seed, device)
+        return inputs, self.op.reference(inputs, self.params)
 
     def _result(self, impl_name: str, status: str, message: str = "", **kw: Any) -> CaseResult:
         return case_result(

@@ -10,6 +10,7 @@ import subprocess
 import torch
 
 from kassay import __version__
+from kassay.validate.ceilings import CEILINGS_METHOD
 from kassay.validate.results import Environment
 
 
@@ -71,4 +72,5 @@ def environment(device: torch.device) -> Environment:
         python=platform.python_version(),
         hostname=socket.gethostname(),
         clocks=clocks,
+        ceilings_method=CEILINGS_METHOD,
     )

@@ -119,11 +119,26 @@ def _md(text: str, limit: int = 200) -> str:
     return _MD_SPECIAL.sub(r"\\\1", one_line)
 
 
-def _fmt_ms(c: CaseResult) -> str:
-    if not c.timing:
+def fmt_device_ms(c: CaseResult) -> str:
+    """Device time (the headline), labelled by how it was taken: `graph` (CUDA-graph replay),
+    `events` (direct calls back to back), `cpu`; `warm` when the L2 was not flushed; `!` when
+    the GPU throttled or sat at its power limit meanwhile."""
+    t = c.timing
+    if not t:
         return "-"
-    unit = "" if c.timing.clock == "cuda_events" else " (cpu)"
-    return f"{c.timing.median_ms:.3f}{unit}"
+    tags: list[str] = [t.mode]
+    if t.clock == "cuda_events" and not t.l2_flushed:
+        tags.append("warm")
+    if t.throttled or t.power_capped:
+        tags.append("throttled" if t.throttled else "power-capped")
+    return f"{t.median_ms:.3f} ({', '.join(tags)})"
+
+
+def fmt_host_ms(c: CaseResult) -> str:
+    t = c.timing
+    if not t or t.host_overhead_ms is None or t.mode == "cpu":
+        return "-"
+    return f"{t.host_overhead_ms:.3f}"
 
 
 def to_markdown(report: Report) -> str:
@@ -175,9 +190,9 @@ def to_markdown(report: Report) -> str:
             "",
             "### Timing",
             "",
-            "| op.impl | case | dtype | median ms | TFLOP/s | GB/s | "
+            "| op.impl | case | dtype | device ms | host overhead ms | TFLOP/s | GB/s | "
             "roofline | vs baseline | peak extra MiB |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in timed[:100]:
             t = c.timing
@@ -188,7 +203,8 @@ def to_markdown(report: Report) -> str:
                 else "-"
             )
             out.append(
-                f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {c.dtype} | {_fmt_ms(c)} | "
+                f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {c.dtype} | {fmt_device_ms(c)} | "
+                f"{fmt_host_ms(c)} | "
                 f"{t.tflops or 0:.3g} | {t.gbps or 0:.3g} | "
                 f"{(t.roofline_fraction or 0) * 100:.1f}% | "
                 f"{f'{t.speedup_vs_baseline:.2f}x' if t.speedup_vs_baseline else '-'} | {mem} |"
@@ -198,9 +214,24 @@ def to_markdown(report: Report) -> str:
         out += [
             "",
             f"<sub>{_md(str(e.device_name))} ({_md(str(e.device))}), torch {_md(str(e.torch))}, "
-            f"triton {_md(str(e.triton))}, kassay {_md(str(e.kassay))}</sub>",
+            f"triton {_md(str(e.triton))}, kassay {_md(str(e.kassay))}{reference_cache_note(report)}"
+            "</sub>",
         ]
     return "\n".join(out) + "\n"
+
+
+def reference_cache_note(report: Report) -> str:
+    """ ", float64 references reused for H of G input groups" from the cases' environments
+    (empty when no case says)."""
+    seen: dict[str, str] = {}
+    for c in report.cases:
+        mark = (c.environment.model_extra or {}).get("reference_cache") if c.environment else None
+        if mark in ("hit", "miss"):
+            seen[c.group_id] = mark
+    if not seen:
+        return ""
+    hits = sum(1 for m in seen.values() if m == "hit")
+    return f", float64 references reused for {hits} of {len(seen)} input groups"
 
 
 def _html_table(report: Report) -> str:
@@ -211,11 +242,11 @@ def _html_table(report: Report) -> str:
             f"<tr style='background:{color}'><td>{html.escape(c.op)}.{html.escape(c.impl)}</td>"
             f"<td>{html.escape(c.label())}</td><td>{c.status}</td>"
             f"<td>{html.escape(worst_output(c) if c.outputs else c.message)}</td>"
-            f"<td>{_fmt_ms(c)}</td></tr>"
+            f"<td>{fmt_device_ms(c)}</td><td>{fmt_host_ms(c)}</td></tr>"
         )
     return (
         "<table><tr><th>op.impl</th><th>case</th><th>status</th><th>worst output</th>"
-        "<th>median ms</th></tr>" + "".join(rows) + "</table>"
+        "<th>device ms</th><th>host overhead ms</th></tr>" + "".join(rows) + "</table>"
     )
 
 

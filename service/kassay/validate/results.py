@@ -60,8 +60,17 @@ class OutputMetrics(BaseModel):
 
 
 class TimingStats(BaseModel):
+    """One case's timing. The statistics (median_ms ... rel_sem) are of **device** time per call
+    on CUDA (see kassay.validate.timing: `mode` graph = CUDA-graph replay, events = direct
+    calls back to back), of the monotonic clock on the CPU (`mode` cpu); throughput, roofline
+    and speed-up derive from median_ms. `wall_median_ms` is host + device per call and
+    `host_overhead_ms` their difference. The SM clock and board power are medians of samples
+    taken during the repetitions; `throttle_reasons` lists what held the clocks down (thermal,
+    hardware slowdown) and `power_capped` says the board sat at its power limit."""
+
     model_config = ConfigDict(extra="forbid")
     clock: Literal["cuda_events", "cpu_perf_counter"]
+    mode: Literal["graph", "events", "cpu"] = "events"
     n: int
     median_ms: float
     mean_ms: float
@@ -74,6 +83,18 @@ class TimingStats(BaseModel):
     gbps: float | None = None
     roofline_fraction: float | None = None
     speedup_vs_baseline: float | None = None
+    wall_median_ms: float | None = None
+    host_overhead_ms: float | None = None
+    graph_fallback: str | None = None
+    sm_clock_mhz: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    throttle_reasons: list[str] = Field(default_factory=list)
+    power_capped: bool = False
+
+    @property
+    def throttled(self) -> bool:
+        return bool(self.throttle_reasons)
 
 
 class MemoryStats(BaseModel):

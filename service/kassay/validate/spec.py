@@ -60,7 +60,14 @@ class TimingPolicy(BaseModel):
     max_reps: int = Field(100, ge=1, le=100_000)
     budget_s: float = Field(2.0, gt=0, le=600)
     target_rel_sem: float = Field(0.01, gt=0, le=1)
-    flush_l2: bool = True
+    flush_l2: bool = Field(
+        True, description="cold L2 (flushed before every repetition) or warm (false)"
+    )
+    cuda_graph: bool = Field(
+        True,
+        description="time CUDA-graph replays of the call where it can be captured (falls back "
+        "to direct calls otherwise)",
+    )
 
 
 class Suite(BaseModel):
@@ -70,7 +77,7 @@ class Suite(BaseModel):
     baseline: Name = "torch"
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
     regimes: list[Name] = Field(default_factory=lambda: ["normal"], min_length=1, max_length=64)
-    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=1000)
+    seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=100_000)
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
 
@@ -88,6 +95,13 @@ class JobSpec(BaseModel):
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     suites: list[Suite] = Field(min_length=1, max_length=100)
     max_cases: int | None = Field(None, gt=0, lt=2**63)
+    max_duration_s: float | None = Field(
+        None,
+        gt=0,
+        le=7 * 86400,
+        description="end the job (unfinished cases: timeout) this long after submission; the "
+        "server's KASSAY_MAX_JOB_S caps it",
+    )
 
 
 class GroupSpec(BaseModel):

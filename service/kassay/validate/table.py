@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kassay.validate.reports import worst_output
+from kassay.validate.reports import fmt_device_ms, fmt_host_ms, worst_output
 from kassay.validate.results import Report
 
 _COLORS = {"passed": "green", "failed": "red", "unsupported": "dim", "skipped": "dim"}
@@ -23,7 +23,8 @@ def summary_table(report: Report, *, max_rows: int = 200) -> Table:
         "dtype",
         "status",
         "worst output / message",
-        "median ms",
+        "device ms",
+        "host ms",
         "TFLOP/s",
         "GB/s",
     ):
@@ -31,11 +32,7 @@ def summary_table(report: Report, *, max_rows: int = 200) -> Table:
     for c in report.cases[:max_rows]:
         color = _COLORS.get(c.status, "yellow")
         tm = c.timing
-        ms = (
-            "-"
-            if tm is None
-            else f"{tm.median_ms:.3f}" + ("" if tm.clock == "cuda_events" else " cpu")
-        )
+        ms = fmt_device_ms(c)
         t.add_row(
             f"{c.op}.{c.impl}",
             c.label(),
@@ -43,6 +40,7 @@ def summary_table(report: Report, *, max_rows: int = 200) -> Table:
             f"[{color}]{c.status}[/{color}]",
             worst_output(c) if c.outputs else c.message,
             ms,
+            fmt_host_ms(c),
             f"{tm.tflops:.3g}" if tm and tm.tflops is not None else "-",
             f"{tm.gbps:.3g}" if tm and tm.gbps is not None else "-",
         )

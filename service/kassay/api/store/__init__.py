@@ -41,6 +41,7 @@ class Store:
         self.require_job = self.jobs.require_job
         self.list_jobs = self.jobs.list_jobs
         self.active_job_ids = self.jobs.active_job_ids
+        self.overdue_jobs = self.jobs.overdue_jobs
         self.queue_depth = self.queue.queue_depth
         self.claim_groups = self.queue.claim_groups
         self.claim_group = self.queue.claim_group
@@ -52,6 +53,7 @@ class Store:
         self.finish_group = self.queue.finish_group
         self.group_state = self.queue.group_state
         self.cancel_job = self.queue.cancel_job
+        self.expire_job = self.queue.expire_job
         self.record_result = self.results.record_result
         self.add_environment = self.results.add_environment
         self.results_since = self.results.results_since

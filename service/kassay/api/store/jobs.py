@@ -280,3 +280,20 @@ class Jobs:
         with self.engine.connect() as conn:
             rows = conn.execute(select(jobs.c.id).where(jobs.c.state.in_(ACTIVE_STATES)))
             return [r[0] for r in rows]
+
+    def overdue_jobs(self, *, now: float, max_job_s: float) -> list[tuple[str, float]]:
+        """Active jobs older than their time cap: (id, cap in seconds). A job's cap is its
+        spec's `max_duration_s`, never more than `max_job_s`, counted from submission."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(jobs.c.id, jobs.c.created_at, jobs.c.spec).where(
+                    jobs.c.state.in_(ACTIVE_STATES)
+                )
+            ).all()
+        out = []
+        for r in rows:
+            asked = (r.spec or {}).get("max_duration_s")
+            cap = min(float(asked), max_job_s) if asked else max_job_s
+            if now - r.created_at > cap:
+                out.append((r.id, cap))
+        return out

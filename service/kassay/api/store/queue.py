@@ -25,6 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from kassay.api.store.jobs import ACTIVE_STATES, JobRecord, Jobs
 from kassay.api.store.results import Results
 from kassay.api.tables import cases, groups, jobs
+from kassay.validate.results import Status
 from kassay.validate.spec import GroupSpec
 
 
@@ -335,40 +336,51 @@ class GroupQueue:
     def cancel_job(self, job_id: str) -> tuple[JobRecord, list[tuple[str, str]]]:
         """Cancel a job: queued groups will not run; the cases without a result become
         `skipped` ("job cancelled"). Returns the job and the groups that were running (the
-        dispatcher tells their workers). Cancelling a finished job changes nothing."""
-        job = self.jobs.require_job(job_id)
-        if job.state not in ACTIVE_STATES:
-            return job, []
+        dispatcher tells their workers). Cancelling a job that is over changes nothing."""
+        return self.stop_job(job_id, state="cancelled", status="skipped", reason="job cancelled")
+
+    def expire_job(self, job_id: str, *, reason: str) -> tuple[JobRecord, list[tuple[str, str]]]:
+        """End a job that ran past its time cap: cases without a result become `timeout` with
+        `reason` and the job finishes (not ok). Same contract as cancel_job."""
+        return self.stop_job(job_id, state="finished", status="timeout", reason=reason)
+
+    def stop_job(
+        self, job_id: str, *, state: str, status: Status, reason: str
+    ) -> tuple[JobRecord, list[tuple[str, str]]]:
+        """End an active job now in `state`, its unfinished cases given `status` and `reason`.
+
+        One transaction that first moves the job out of the active states (so a group finishing
+        meanwhile can no longer finish the job: only queued/running jobs are finished) and then
+        settles every group and case in bulk. Results that arrive later for those cases are
+        dropped as duplicates. Returns the job and the groups that were leased (running)."""
+        self.jobs.require_job(job_id)
         with self.engine.begin() as conn:
-            running = [
-                (r.job_id, r.group_id)
-                for r in conn.execute(
-                    select(groups.c.job_id, groups.c.group_id).where(
-                        and_(groups.c.job_id == job_id, groups.c.state == "leased")
-                    )
-                )
-            ]
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(cancel_requested=True))
-            conn.execute(
-                update(groups)
-                .where(and_(groups.c.job_id == job_id, groups.c.state.in_(("pending", "leased"))))
-                .values(state="cancelled", lease_expires_at=None)
-            )
-        with self.engine.connect() as conn:
-            gids = [
-                r[0]
-                for r in conn.execute(
-                    select(groups.c.group_id)
-                    .where(groups.c.job_id == job_id)
-                    .order_by(groups.c.idx)
-                )
-            ]
-        for gid in gids:
-            self.results.fill_missing(job_id, gid, status="skipped", reason="job cancelled")
-        with self.engine.begin() as conn:
-            conn.execute(
+            moved = conn.execute(
                 update(jobs)
                 .where(and_(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE_STATES)))
-                .values(state="cancelled", finished_at=time.time())
+                .values(
+                    state=state,
+                    cancel_requested=state == "cancelled",
+                    finished_at=time.time(),
+                )
             )
+            if moved.rowcount != 1:
+                running: list[tuple[str, str]] = []
+            else:
+                running = [
+                    (r.job_id, r.group_id)
+                    for r in conn.execute(
+                        select(groups.c.job_id, groups.c.group_id).where(
+                            and_(groups.c.job_id == job_id, groups.c.state == "leased")
+                        )
+                    )
+                ]
+                conn.execute(
+                    update(groups)
+                    .where(
+                        and_(groups.c.job_id == job_id, groups.c.state.in_(("pending", "leased")))
+                    )
+                    .values(state="cancelled", lease_expires_at=None)
+                )
+                self.results.fill_job_missing(conn, job_id, status=status, reason=reason)
         return self.jobs.require_job(job_id), running

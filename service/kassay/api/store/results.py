@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sqlalchemy import Engine, and_, select, update
+from sqlalchemy import Connection, Engine, and_, bindparam, select, update
 
 from kassay.api.store.jobs import Jobs
 from kassay.api.tables import cases, groups, jobs
 from kassay.validate.case_result import case_result
-from kassay.validate.results import CaseResult, Environment, Report, Summary
+from kassay.validate.results import CaseResult, Environment, Report, Status, Summary
 from kassay.validate.spec import GroupSpec
 
 
@@ -151,3 +151,72 @@ class Results:
                 job_id,
                 case_result(spec, m.impl, status, reason, dtype=m.dtype),  # type: ignore[arg-type]
             )
+
+    def fill_job_missing(
+        self, conn: Connection, job_id: str, *, status: Status, reason: str
+    ) -> int:
+        """Inside the caller's transaction: give every case of the job still without a result
+        `status` with `reason`, numbered after the job's results so far, in a handful of
+        statements whatever the number of cases (cancelling 10,000 cases is one batch). The
+        caller holds the job row (it updated it first), so no result can slip in between."""
+        done = conn.execute(select(jobs.c.done).where(jobs.c.id == job_id)).scalar_one()
+        missing = conn.execute(
+            select(cases.c.case_id, cases.c.group_id, cases.c.impl, cases.c.dtype)
+            .where(and_(cases.c.job_id == job_id, cases.c.status.is_(None)))
+            .order_by(cases.c.idx)
+        ).all()
+        if not missing:
+            return 0
+        specs = {
+            r.group_id: GroupSpec.model_validate(r.spec)
+            for r in conn.execute(
+                select(groups.c.group_id, groups.c.spec).where(
+                    and_(
+                        groups.c.job_id == job_id,
+                        groups.c.group_id.in_({m.group_id for m in missing}),
+                    )
+                )
+            )
+        }
+        now = time.time()
+        rows = [
+            {
+                "k_job": job_id,
+                "k_case": m.case_id,
+                "status": status,
+                "result": case_result(
+                    specs[m.group_id],
+                    m.impl,
+                    status,
+                    reason,
+                    dtype=m.dtype,  # type: ignore[arg-type]
+                ).model_dump(mode="json"),
+                "finished_at": now,
+                "seq": done + i,
+            }
+            for i, m in enumerate(missing, start=1)
+        ]
+        conn.execute(
+            update(cases)
+            .where(
+                and_(
+                    cases.c.job_id == bindparam("k_job"),
+                    cases.c.case_id == bindparam("k_case"),
+                    cases.c.status.is_(None),
+                )
+            )
+            .values(
+                status=bindparam("status"),
+                result=bindparam("result"),
+                finished_at=bindparam("finished_at"),
+                seq=bindparam("seq"),
+            ),
+            rows,
+        )
+        col = jobs.c[status]
+        conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id)
+            .values({jobs.c.done: jobs.c.done + len(rows), col: col + len(rows)})
+        )
+        return len(rows)

@@ -3,7 +3,7 @@ chunk rows: 448 MiB gives 9 chunks of 911 rows (not a multiple of 64: the logits
 GEMMs pad the last row tile of every chunk), 470 MiB 9 chunks of 960 (8 x 960 + 512), 500 MiB
 8 chunks of 1024. Uses bench/flce.py's inputs and measurement (do_bench median, peak extra).
 
-    PYTHONPATH=service python3 bench/flce_rows_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_rows_probe.py --out FILE
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import make_inputs, measure
+from probe_common import make_inputs, measure
 
 from kassay.kernels import flce as kflce
 

@@ -15,7 +15,7 @@ per output tile that reads it (H / 256 times for grad_x, once for grad_W), on th
 would otherwise only wait on the tensor cores. Checks: each xform output against its plain form
 (max abs difference relative to the output's max); registers and spills of each kernel.
 
-    PYTHONPATH=service python3 bench/flce_xform_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_xform_probe.py --out FILE
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import probe_parser, run_meta, save, time_rounds
 from flce_epilogue_probe import launch as gradw_launch
 from flce_nn_probe import gemm_nn
+from probe_common import probe_parser, run_meta, save, time_rounds
 
-from kassay.kernels import flce as kflce
+from kassay.kernels import _flce_launch as kl
 
 SHAPES = [(960, 2304, 256000), (1792, 4096, 128256)]  # rows of the chunk, H, V
 GRAD_X_CONFIG = (128, 256, 64, 8, 8, 3)  # the shipped grad_x tile; grad_W: the epilogue probe's
@@ -63,7 +63,7 @@ def main() -> int:
         f2 = [torch.empty(rows, device="cuda") for _ in range(2)]
 
         def ce(buf, grad, t=t, scale=scale, f2=f2, lse=lse, v=v):
-            kflce._launch_ce(
+            kl._launch_ce(
                 buf, t, f2[0], f2[1], lse, scale, False, V=v, ignore_index=-100,
                 label_smoothing=0.0, z_loss_scale=0.0, softcap=None, compute_grad=grad,
             )  # fmt: skip

@@ -6,7 +6,7 @@ Same tiles and the same data-parallel schedule as cuBLAS has (so the same wave t
 1792 x 4096 x 128256 both make 224 tiles of 128 x 256 on 132 SMs; at 1024 rows 128 tiles (one
 wave, no tail) isolate the mainloop. Checked against torch.mm (max abs difference).
 
-    PYTHONPATH=service python3 bench/flce_nn_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_nn_probe.py --out FILE
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
 from flce_epilogue_probe import _dl_tile
+from probe_common import grad_x_operands, probe_parser, run_meta, save, time_rounds
 
-from kassay.kernels import flce as kflce
+from kassay.kernels import _flce_launch as kl
 from kassay.kernels._flce_kernels import _tile_grid, _tile_mn
 
 # (rows, H, V): grad_x of one chunk, dlogits [rows, V] @ W [V, H]
@@ -89,7 +89,7 @@ def gemm_nn(a, b, c, cfg, rowv=None):
     bm, bn, bk, gm, warps, stages = cfg
     m, k = a.shape
     n = b.shape[1]
-    sms = kflce._num_sms(a.device.index or 0)
+    sms = kl._num_sms(a.device.index or 0)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     return _gemm_nn_tma_kernel[(min(sms, tiles),)](
         TensorDescriptor.from_tensor(a, [bm, bk]),

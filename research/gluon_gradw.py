@@ -28,8 +28,8 @@ Shapes of interest (M, N, K): (256000, 2304, 960) and (128256, 4096, 1792); tail
 are handled by TMA zero-fill (loads) and clipping (stores). Rows must be 16-byte aligned.
 
 Run:
-    python bench/gluon_gradw.py --compile-check          # offline, sm_90, no GPU (triton 3.6)
-    PYTHONPATH=service timeout 150 python3 bench/gluon_gradw.py --check --bench [--json OUT]  # H200
+    python research/gluon_gradw.py --compile-check          # offline, sm_90, no GPU (triton 3.6)
+    PYTHONPATH=service timeout 150 python3 research/gluon_gradw.py --check --bench [--json OUT]  # H200
 """
 
 from __future__ import annotations
@@ -599,7 +599,7 @@ def _bench(results: dict) -> None:
     import torch
 
     try:
-        from kassay.kernels.flce import _launch_gemm_tn as repo_launch
+        from kassay.kernels._flce_launch import _launch_gemm_tn as repo_launch
     except Exception as e:
         print(f"(repo kernel unavailable: {e!r}; set PYTHONPATH=service)")
         repo_launch = None

@@ -6,10 +6,10 @@ addmm_ (bf16 accumulator) on the same operands.
 
     ncu --clock-control none --kernel-name regex:'_gemm_tn_acc_tma|nvjet' --launch-skip 0 \
         --launch-count 4 --section SpeedOfLight --section WarpStateStats ... \
-        python3 bench/flce_gemm_ncu.py --rows 960 --h 2304 --v 256000
+        python3 research/flce_gemm_ncu.py --rows 960 --h 2304 --v 256000
     ncu --clock-control none --kernel-name regex:_ce_rows --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section MemoryWorkloadAnalysis ... \
-        python3 bench/flce_gemm_ncu.py --part ce --rows 1792 --v 128256
+        python3 research/flce_gemm_ncu.py --part ce --rows 1792 --v 128256
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import argparse
 
 import torch
 
-from kassay.kernels import flce as kflce
+from kassay.kernels import _flce_launch as kl
 
 
 def main() -> int:
@@ -37,7 +37,7 @@ def main() -> int:
     acc_bf = acc.to(torch.bfloat16)
     one = torch.ones(1, device="cuda")
     for _ in range(2):
-        kflce._launch_gemm_tn(z, xc, acc, one, True)
+        kl._launch_gemm_tn(z, xc, acc, one, True)
     for _ in range(2):
         acc_bf.addmm_(z.t(), xc)
     torch.cuda.synchronize()
@@ -50,7 +50,7 @@ def _ce(rows: int, v: int, g: torch.Generator) -> int:
     scale = torch.full((1,), 1.0 / rows, device="cuda")
     f32 = [torch.empty(rows, device="cuda") for _ in range(3)]
     for _ in range(2):
-        kflce._launch_ce(
+        kl._launch_ce(
             z, t, *f32, scale, False, V=v, ignore_index=-100, label_smoothing=0.0,
             z_loss_scale=0.0, softcap=None, compute_grad=True,
         )  # fmt: skip

@@ -2,10 +2,10 @@
 shape (1792 x 128256 and 960 x 256000, bf16): an old version of `_flce_kernels` against the
 current one, interleaved over rounds, plus the current kernel at other grid sizes (rows in
 flight: with fewer, a row's second pass is likelier to find it in L2) and without its L2
-eviction hints (`hints` of `_launch_ce`). Checks the current kernel's outputs
+eviction hints (`FlceConfig.ce_l2_hints`). Checks the current kernel's outputs
 against the old one's (max abs difference of dlogits, lse, loss).
 
-    PYTHONPATH=service python3 bench/flce_ce_ab.py [--old DIR] --out FILE
+    PYTHONPATH=service python3 research/flce_ce_ab.py [--old DIR] --out FILE
 
 DIR holds the old kernels as `_old_flce_kernels.py` (e.g. `git show REV:service/kassay/kernels/
 _flce_kernels.py`); the launch arguments are those of the current `_launch_ce`. Without --old
@@ -21,14 +21,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import ce_chunk, probe_parser, run_meta, save, time_rounds
+from probe_common import ce_chunk, probe_parser, run_meta, save, time_rounds
 
 from kassay.kernels import _flce_kernels as K
-from kassay.kernels import flce as kflce
+from kassay.kernels import _flce_launch as kl
+from kassay.kernels.flce import FlceConfig
 
 CHUNKS = [(1792, 128256, 8192), (960, 256000, 8192)]  # rows, V, rows of the whole batch
 GRIDS = [66, 99]  # programs (the shipped grid is one per SM)
-TOGGLES = {"no_hints": {"hints": False}}  # current kernel, L2 eviction hints off
+TOGGLES = {"no_hints": {"cfg": FlceConfig(ce_l2_hints=False)}}  # current kernel, L2 hints off
 
 
 def main() -> int:
@@ -50,7 +51,7 @@ def main() -> int:
         def run(kernel, programs=None, kw=None, z=z, t=t, scale=scale, f32=f32, v=v):
             K._ce_rows_kernel = kernel
             try:
-                kflce._launch_ce(
+                kl._launch_ce(
                     z, t, *f32, scale, False, V=v, ignore_index=-100, label_smoothing=0.0,
                     z_loss_scale=0.0, softcap=None, compute_grad=True, programs=programs,
                     **(kw or {}),

@@ -12,7 +12,7 @@ grad_W k-steps), grid-strided among themselves, before every CTA takes the commo
 E + c, E + c + G, ... Deterministic: no split-K, every output element written by one CTA.
 Compared with cuBLAS grad_x followed by kassay's grad_W kernel, on the same inputs.
 
-    PYTHONPATH=service python3 bench/flce_fused_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_fused_probe.py --out FILE
 """
 
 from __future__ import annotations
@@ -24,15 +24,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import grads_operands, probe_parser, run_meta, save, time_rounds
+from probe_common import grads_operands, probe_parser, run_meta, save, time_rounds
 
-from kassay.kernels import flce as kflce
+from kassay.kernels import _flce_launch as kl
 
 CHUNKS = [(1792, 4096, 128256), (960, 2304, 256000), (1024, 4096, 128256)]  # rows, H, V
 
 
 def fused(dl, w, xc, gx, c, scale):
-    kflce._launch_grads(dl, w, gx, xc, c, scale, accumulate=True)
+    kl._launch_grads(dl, w, gx, xc, c, scale, accumulate=True)
 
 
 def main() -> int:
@@ -49,20 +49,20 @@ def main() -> int:
         gx_ref = torch.mm(dl, w)
         res["grad_x_max_abs_diff_vs_cublas"] = float((gx.float() - gx_ref.float()).abs().max())
         c_ref = c0.clone()
-        kflce._launch_gemm_tn(dl, xc, c_ref, scale, True)
+        kl._launch_gemm_tn(dl, xc, c_ref, scale, True)
         res["C_max_abs_diff_vs_shipped"] = float((c.float() - c_ref.float()).abs().max())
         print(key, res, flush=True)
         gx_ref = c_ref = None
 
         def separate(dl=dl, w=w, xc=xc, gx=gx, c=c, scale=scale):
             torch.mm(dl, w, out=gx)
-            kflce._launch_gemm_tn(dl, xc, c, scale, True)
+            kl._launch_gemm_tn(dl, xc, c, scale, True)
 
         fns = {
             "separate(cublas grad_x + shipped grad_W)": separate,
             "fused": lambda: fused(dl, w, xc, gx, c, scale),  # noqa: B023
             "cublas_grad_x_alone": lambda: torch.mm(dl, w, out=gx),  # noqa: B023
-            "shipped_grad_W_alone": lambda: kflce._launch_gemm_tn(dl, xc, c, scale, True),  # noqa: B023
+            "shipped_grad_W_alone": lambda: kl._launch_gemm_tn(dl, xc, c, scale, True),  # noqa: B023
         }
         res["ms"] = time_rounds(fns, args.rounds, key, rep=120)
         out[key] = res

@@ -24,7 +24,7 @@ after an MMA is issued (while the tensor cores work); variants in DEFERRED. --cl
 CLOCKED run back-to-back for S seconds with the SM clock and board power sampled per window
 (does the accumulator traffic cost time through the power limit?).
 
-    PYTHONPATH=service python3 bench/flce_epilogue_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_epilogue_probe.py --out FILE
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import grads_operands, probe_parser, run_meta, save, time_rounds
+from probe_common import grads_operands, probe_parser, run_meta, save, time_rounds
 
-from kassay.kernels import flce as kflce
+from kassay.kernels import _flce_launch as kl
 from kassay.kernels._flce_kernels import LOG2E, _tile_grid, _tile_mn
 
 CHUNKS = [(960, 2304, 256000), (1792, 4096, 128256)]  # rows (K), H (N), V (M)
@@ -222,7 +222,7 @@ def _launch(kernel, dl, xc, c, parts, *args, **constexprs):
 
     k, m = dl.shape
     n = xc.shape[1]
-    sms = kflce._num_sms(dl.device.index or 0)
+    sms = kl._num_sms(dl.device.index or 0)
     return kernel[(sms,)](
         TD.from_tensor(dl, [BK, BM]), TD.from_tensor(xc, [BK, BN]),
         TD.from_tensor(c, [BM, BN // parts]), *args, m, n, k,
@@ -304,7 +304,7 @@ def main() -> int:
         key = f"{rows}x{h}x{v}"
         res: dict = {"max_abs_diff_vs_shipped": {}}
         c_ref = c0.clone()
-        kflce._launch_gemm_tn(dl, xc, c_ref, scale, True)
+        kl._launch_gemm_tn(dl, xc, c_ref, scale, True)
         for name, (mode, parts, pf_at) in MODES.items():
             if mode != 2:
                 continue
@@ -332,7 +332,7 @@ def main() -> int:
                 for name, d in DEFERRED.items()
             }
         )
-        fns["shipped_grad_W"] = lambda: kflce._launch_gemm_tn(dl, xc, c, scale, True)  # noqa: B023
+        fns["shipped_grad_W"] = lambda: kl._launch_gemm_tn(dl, xc, c, scale, True)  # noqa: B023
         fns["cublas_logits"] = lambda: torch.mm(xc, w.t(), out=z)  # noqa: B023
         fns["cublas_grad_x"] = lambda: torch.mm(dl, w, out=gx)  # noqa: B023
         res["ms"] = time_rounds(fns, args.rounds, key)

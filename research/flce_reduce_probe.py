@@ -13,11 +13,12 @@ Configurations: (name, GEMM_TMA_REDUCE, GEMM_TMA_CONFIG_GPU); --set epilogue (de
 the epilogues, --set tiles the tile shape and GROUP_M under the reduce-add epilogue, --set k
 BLOCK_K and the stage count.
 
-    PYTHONPATH=service python3 bench/flce_reduce_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_reduce_probe.py --out FILE
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 
@@ -26,14 +27,16 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import make_inputs, measure, probe_parser, reference, run_meta, save
+from probe_common import make_inputs, measure, probe_parser, reference, run_meta, save
 
-from kassay.kernels import _flce_kernels as K
+from kassay.kernels import _flce_autograd
+from kassay.kernels import _flce_launch as kl
 from kassay.kernels import flce as kflce
+from kassay.kernels.flce import FlceConfig
 
 SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000)]
 CHUNK_ROWS = {(8192, 4096, 128256): 1792, (8192, 2304, 256000): 960}
-SHIPPED_CFG = K.GEMM_TMA_CONFIG_GPU
+SHIPPED_CFG = FlceConfig().gemm_tma_config_gpu
 RMW_CFG = (128, 256, 64, 8, 8, 3, 2, 1)
 CONFIGS = [
     ("rmw", False, RMW_CFG),
@@ -56,13 +59,14 @@ CONFIGS_K = [
     ("reduce_bk32_s6", True, (128, 256, 32, 8, 8, 6, 2, 1)),
     ("reduce_bk128_s2", True, (128, 256, 128, 8, 8, 2, 2, 1)),
 ]
-_SCALE = kflce._scale_
+_SCALE = _flce_autograd._scale_
 
 
-def _set(reduce: bool, cfg: tuple, mul: bool = False) -> None:
-    K.GEMM_TMA_REDUCE = reduce
-    K.GEMM_TMA_CONFIG_GPU = cfg  # the launches whose epilogue does not load C
-    kflce._scale_ = (lambda t, f: t.mul_(f)) if mul else _SCALE
+def _set(reduce: bool, cfg: tuple, mul: bool = False) -> FlceConfig:
+    """The FlceConfig of a variant (cfg: the TMA config of the launches whose epilogue does not
+    load C); mul: grad_x scaled by torch's mixed-dtype mul_ (patched into the backward)."""
+    _flce_autograd._scale_ = (lambda t, f, cfg=None: t.mul_(f)) if mul else _SCALE
+    return FlceConfig(gemm_tma_reduce=reduce, gemm_tma_config_gpu=cfg)
 
 
 def gemm(rounds: int) -> dict:
@@ -77,9 +81,9 @@ def gemm(rounds: int) -> dict:
         key = f"{k}x{v}x{h}"
         res[key] = {"check_rel_l2": {}, "ms": {}}
         for name, red, cfg in CONFIGS:
-            _set(red, cfg)
+            run_cfg = _set(red, cfg)
             c = c0.clone()
-            kflce._launch_gemm_tn(a, b, c, scale, True)
+            kl._launch_gemm_tn(a, b, c, scale, True, cfg=run_cfg)
             torch.cuda.synchronize()
             err = ((c.double() - ref).norm() / ref.norm()).item()
             res[key]["check_rel_l2"][name] = err
@@ -90,8 +94,9 @@ def gemm(rounds: int) -> dict:
         flop = 2.0 * k * v * h
         for r in range(rounds):
             for name, red, cfg in CONFIGS:
-                _set(red, cfg)
-                ms = do_bench(lambda: kflce._launch_gemm_tn(a, b, c, scale, True), rep=150)  # noqa: B023
+                run_cfg = _set(red, cfg)
+                fn = lambda rc=run_cfg: kl._launch_gemm_tn(a, b, c, scale, True, cfg=rc)  # noqa: B023, E731
+                ms = do_bench(fn, rep=150)
                 res[key]["ms"].setdefault(name, []).append(round(ms, 4))
                 print(key, r, name, f"{ms:.4f} ms {flop / ms / 1e9:.0f} TFLOP/s", flush=True)
             ms = do_bench(lambda: c_bf.addmm_(a.t(), b, alpha=0.5), rep=150)  # noqa: B023
@@ -116,8 +121,9 @@ def fwdbwd(rounds: int) -> dict:
         res[key] = {}
         for r in range(rounds):
             for name, red, cfg, mul in variants:
-                _set(red, cfg, mul)
-                ms, peak, errs = measure(kflce.fused_linear_cross_entropy, x, w, t, ref)
+                run_cfg = _set(red, cfg, mul)
+                fn = functools.partial(kflce.fused_linear_cross_entropy, config=run_cfg)
+                ms, peak, errs = measure(fn, x, w, t, ref)
                 row = {"ms": round(ms, 3), "tflops": round(flop / ms / 1e9, 1)}
                 row.update({"peak_gib": round(peak, 4), **{k: float(e) for k, e in errs.items()}})
                 res[key].setdefault(name, []).append(row)

@@ -2,51 +2,48 @@
 shapes, the versions interleaved over rounds (the H200's clocks follow its power limit and
 temperature, so only measurements of the same run compare).
 
-    PYTHONPATH=service python3 bench/flce_ab.py --old DIR --out FILE
+    PYTHONPATH=service python3 research/flce_ab.py --old DIR --out FILE
 
 DIR holds the old version as `old_flce.py` + `_old_flce_kernels.py` (old_flce importing the
 kernels as `import _old_flce_kernels as K`), e.g. from `git show REV:service/kassay/kernels/...`.
-Instead of --old, `--toggle FLAG` takes as "old" the current code with the boolean tuning
-constant FLAG of `_flce_kernels` switched off (e.g. GRADS_FUSED); `--shapes "N,H,V N,H,V"`
-replaces the two target shapes.
+Instead of --old, `--toggle FIELD` takes as "old" the current code with the boolean field FIELD
+of `FlceConfig` switched off (e.g. grads_fused; runs before the config object toggled the
+constant GRADS_FUSED of `_flce_kernels`); `--shapes "N,H,V N,H,V"` replaces the two target
+shapes.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import SHAPES, make_inputs, measure, probe_parser, run_meta, save
+from probe_common import SHAPES, make_inputs, measure, probe_parser, run_meta, save
 
-from kassay.kernels import _flce_kernels as K
 from kassay.kernels import flce as kflce
+from kassay.kernels.flce import FlceConfig
 
 
 def _with_flag_off(fn, flag: str):
-    def run(*args, **kwargs):
-        old = getattr(K, flag)
-        setattr(K, flag, False)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            setattr(K, flag, old)
-
-    return run
+    """fn with config= the shipped FlceConfig but its boolean field `flag` False."""
+    cfg = dataclasses.replace(FlceConfig(), **{flag: False})
+    return functools.partial(fn, config=cfg)
 
 
 def main() -> int:
     ap = probe_parser(__doc__)
     old_src = ap.add_mutually_exclusive_group(required=True)
     old_src.add_argument("--old", type=Path)
-    old_src.add_argument("--toggle", help="a boolean constant of _flce_kernels, off for 'old'")
+    old_src.add_argument("--toggle", help="a boolean field of FlceConfig, off for 'old'")
     ap.add_argument("--old-rev", default="")
     ap.add_argument("--shapes", help='"N,H,V N,H,V" (default: the two target shapes)')
     args = ap.parse_args()
     new = kflce.fused_linear_cross_entropy
     if args.toggle:
-        assert isinstance(getattr(K, args.toggle), bool), args.toggle
+        assert isinstance(getattr(FlceConfig(), args.toggle), bool), args.toggle
         old = _with_flag_off(new, args.toggle)
     else:
         sys.path.insert(0, str(args.old))

@@ -5,7 +5,7 @@ At 1792 x 4096 x 128256 cuBLAS's 256x128 tiles make 7 x 32 = 224 tiles on 132 SM
 the variants try to fill the second wave: the rows split in two GEMMs on two streams, and the
 transposed product (W^T dl^T)^T into a [H, rows] buffer.
 
-    PYTHONPATH=service python3 bench/flce_gradx_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_gradx_probe.py --out FILE
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import grad_x_operands, probe_parser, run_meta, save, time_rounds
+from probe_common import grad_x_operands, probe_parser, run_meta, save, time_rounds
 
 CHUNKS = [(1792, 4096, 128256), (960, 2304, 256000)]
 

@@ -7,7 +7,7 @@ kernels. For one chunk of `rows` rows, bf16:
 - grad_x [rows, H] = dlogits @ W: torch.mm(dl, W) (shipped) and (W^T @ dl^T)^T into a
   transposed view.
 
-    PYTHONPATH=service python3 bench/flce_gemm_layouts.py --out FILE
+    PYTHONPATH=service python3 research/flce_gemm_layouts.py --out FILE
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Times, at T=32768, Hh=32, D=128, bf16 outs, fp32 LSEs, normal regime, L2 flushed
 With ``--ncu`` each variant runs once (for `ncu --kernel-name regex:merge`), in the printed
 order, so the profiler's rows can be matched to them.
 
-    PYTHONPATH=service python bench/lse_merge_probe.py [--ncu] [--out FILE]
+    PYTHONPATH=service python research/lse_merge_probe.py [--ncu] [--out FILE]
 """
 
 from __future__ import annotations
@@ -97,11 +97,11 @@ def sweep_registers() -> list[tuple[str, Callable[[], Any], int]]:
         nbytes = 3 * (t * hh * d * 2 + t * hh * 4)
         tag = f"{layout} Hh={hh} D={d}"
         for pair, cap in cfgs:
-            cfg = km.LaunchConfig(pair_kernel=pair, max_registers=cap)
+            cfg = km.MergeConfig(pair_kernel=pair, max_registers=cap)
             out.append((
                 f"K=2 {tag} {'pair' if pair else 'kway'} maxnreg={cap}",
                 lambda o=outs, lz=lses, la=layout, c=cfg: km.merge_states(
-                    o, lz, lse_layout=la, _config=c),
+                    o, lz, lse_layout=la, config=c),
                 nbytes,
             ))  # fmt: skip
         acc_o, acc_l = outs[0].clone(), lses[0].clone()
@@ -154,9 +154,9 @@ def main() -> int:
                 (1024, 2, 0),
                 (4096, 4, 32),
             ]:
-                cfg = km.LaunchConfig(block_elems=elems, num_warps=warps, tile_tokens=tt)
+                cfg = km.MergeConfig(block_elems=elems, num_warps=warps, tile_tokens=tt)
                 us = do_bench(lambda c=cfg: km.merge_state_(
-                    acc_o, acc_l, st_o, st_l, second_half=True, _config=c),
+                    acc_o, acc_l, st_o, st_l, second_half=True, config=c),
                     warmup=25, rep=200) * 1e3  # fmt: skip
                 hs.setdefault(f"elems={elems} warps={warps} tile_tokens={tt}", []).append(us)
         for name, us in hs.items():

@@ -14,11 +14,12 @@ gaps between kernels) on the H200.
   trace    a Chrome trace (host ops and kernels) of two fwd+bwd at the first shape, written next
            to --out as *.trace.json
 
-    PYTHONPATH=service python3 bench/flce_pipeline_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_pipeline_probe.py --out FILE
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 from pathlib import Path
@@ -28,15 +29,17 @@ from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import ce_chunk, make_inputs, measure, probe_parser, run_meta, save
+from probe_common import ce_chunk, make_inputs, measure, probe_parser, run_meta, save
 
-from kassay.kernels import _flce_kernels as K
+from kassay.kernels import _flce_launch as kl
 from kassay.kernels import flce as kflce
+from kassay.kernels.flce import FlceConfig
 
 SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000)]
 CE_CHUNKS = {(8192, 4096, 128256): 1792, (8192, 2304, 256000): 960}
 
-SHIPPED = (K.CE_CONFIG_LONG_GPU[2], K.CE_CONFIG_LONG_GPU[0], K.CE_CONFIG_LONG_GPU[1], K.CE_PAIR)
+_D = FlceConfig()
+SHIPPED = (_D.ce_config_long_gpu[2], _D.ce_config_long_gpu[0], _D.ce_config_long_gpu[1], _D.ce_pair)
 CE_CONFIGS = [  # (programs per SM, BLOCK_V, num_warps, pair) for rows of >= CE_LONG_ROW_V columns
     SHIPPED,
     (1, 8192, 32, False),  # shipped 2026-12-02 (second device call)
@@ -55,31 +58,29 @@ CE_CONFIGS = list(dict.fromkeys(CE_CONFIGS))  # the shipped one may also be list
 BY_NAME = {str(c): c for c in CE_CONFIGS}
 
 
-def _set_ce(cfg):
+def _ce_config(cfg) -> FlceConfig:
+    """The FlceConfig running the CE kernel with (programs per SM, BLOCK_V, warps, pair)."""
     per_sm, block_v, warps, pair = cfg
-    K.CE_CONFIG_LONG_GPU = (block_v, warps, per_sm)
-    K.CE_PAIR = pair
+    return FlceConfig(ce_config_long_gpu=(block_v, warps, per_sm), ce_pair=pair)
 
 
 def ce(rounds: int) -> dict:
     res: dict = {}
-    default = CE_CONFIGS[0]
     for (n, _h, v), rows in CE_CHUNKS.items():
         z0, t, scale, f32, z = ce_chunk(rows, v, n)
 
-        def run(z=z, t=t, scale=scale, f32=f32, v=v):
-            kflce._launch_ce(
+        def run(z=z, t=t, scale=scale, f32=f32, v=v, cfg=_D):
+            kl._launch_ce(
                 z, t, *f32, scale, False, V=v, ignore_index=-100, label_smoothing=0.0,
-                z_loss_scale=0.0, softcap=None, compute_grad=True,
+                z_loss_scale=0.0, softcap=None, compute_grad=True, cfg=cfg,
             )  # fmt: skip
 
         key = f"{rows}x{v}"
         res[key] = {"ms": {}, "max_abs_diff_to_default": {}}
         ref = None
         for cfg in CE_CONFIGS:
-            _set_ce(cfg)
             z.copy_(z0)
-            run()
+            run(cfg=_ce_config(cfg))
             if ref is None:
                 ref = (z.clone(), [a.clone() for a in f32])
             # same bits only where BLOCK_V and warps match (they set the reduction order)
@@ -90,8 +91,8 @@ def ce(rounds: int) -> dict:
             }
         for r in range(rounds):
             for cfg in CE_CONFIGS:
-                _set_ce(cfg)
-                res[key]["ms"].setdefault(str(cfg), []).append(round(do_bench(run, rep=100), 4))
+                fn = lambda c=_ce_config(cfg): run(cfg=c)  # noqa: E731
+                res[key]["ms"].setdefault(str(cfg), []).append(round(do_bench(fn, rep=100), 4))
             print(key, "round", r, {c: m[-1] for c, m in res[key]["ms"].items()}, flush=True)
         gb = 3 * rows * v * 2 / 1e9
         med = {c: sorted(m)[len(m) // 2] for c, m in res[key]["ms"].items()}
@@ -100,14 +101,13 @@ def ce(rounds: int) -> dict:
         print(key, "best", res[key]["best"], res[key]["max_abs_diff_to_default"], flush=True)
         del z0, z, ref
         torch.cuda.empty_cache()
-    _set_ce(default)
     return res
 
 
-def _sync_check_first(x, w, t):
+def _sync_check_first(x, w, t, config=None):
     # the target check as it was before: a host sync on the flag before any kernel is queued
     bool((((t < 0) & (t != -100)) | (t >= w.shape[0])).any())
-    return kflce.fused_linear_cross_entropy(x, w, t)
+    return kflce.fused_linear_cross_entropy(x, w, t, config=config)
 
 
 def fwdbwd(rounds: int, ce_best: dict, sync: bool) -> dict:
@@ -127,13 +127,14 @@ def fwdbwd(rounds: int, ce_best: dict, sync: bool) -> dict:
         res[key] = {}
         for r in range(rounds):
             for name, fn, cfg in variants:
-                _set_ce(BY_NAME[cfg])
-                ms, peak, _ = measure(fn or kflce.fused_linear_cross_entropy, x, w, t)
+                call = functools.partial(
+                    fn or kflce.fused_linear_cross_entropy, config=_ce_config(BY_NAME[cfg])
+                )
+                ms, peak, _ = measure(call, x, w, t)
                 res[key].setdefault(name, []).append(
                     [round(ms, 3), round(flop / ms / 1e9, 1), round(peak, 4)]
                 )
                 print(key, "round", r, name, f"{ms:.3f} ms {peak:.4f} GiB", flush=True)
-        _set_ce(SHIPPED)
     return res
 
 

@@ -15,7 +15,7 @@ against 0.372 at 960 x 256000): the per-row chain (load, two block reductions, t
 through L2, the gradient) is latency-bound at ~5 us per row and program, while the bandwidth
 floor of its single read and write is ~2 us. See NOTES-flce.md v9.
 
-    PYTHONPATH=service python3 bench/flce_ce_split_probe.py --out FILE
+    PYTHONPATH=service python3 research/flce_ce_split_probe.py --out FILE
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from flce import ce_chunk, probe_parser, run_meta, save, time_rounds
+from probe_common import ce_chunk, probe_parser, run_meta, save, time_rounds
 
-from kassay.kernels import flce as kflce
+from kassay.kernels import _flce_launch as kl
 from kassay.kernels._flce_kernels import LOG2E, _tanh
 
 CHUNKS = [(1792, 128256, 8192), (960, 256000, 8192)]  # rows, V, rows of the whole batch
@@ -192,7 +192,7 @@ def main() -> int:
         z0, t, scale, f32, z = ce_chunk(rows, v, n)
 
         def shipped(z=z, t=t, scale=scale, f32=f32, v=v):
-            kflce._launch_ce(
+            kl._launch_ce(
                 z, t, *f32, scale, False, V=v, ignore_index=-100, label_smoothing=0.0,
                 z_loss_scale=0.0, softcap=None, compute_grad=True,
             )  # fmt: skip

@@ -1,0 +1,343 @@
+"""The autograd Function of kassay's fused linear cross-entropy and the chunked pass it runs.
+
+`_FLCEFunction` runs `_flce_pass` in forward (and again in backward for reduction='none'); the
+pass walks the row chunks planned by `plan_rows`, with cuBLAS GEMMs (torch.mm) and the launchers
+of `_flce_launch`, and accumulates grad_weight in a `_GradW`. The plan, and why grad_weight is
+accumulated the way it is, are in the docstring of `kassay.kernels.flce`. Every tuning choice
+comes from the `FlceConfig` the public function passes down.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from kassay.kernels._flce_launch import (
+    _grads_fused_ok,
+    _ieee_fp32_matmul,
+    _launch_ce,
+    _launch_finalize,
+    _launch_gemm_tn,
+    _launch_grads,
+    _scale_,
+    plan_rows,
+)
+from kassay.kernels.flce_config import FlceConfig
+
+
+class _GradW:
+    """The grad_weight accumulator of one pass and how to turn it into the final gradient.
+
+    mode "direct": one chunk, computed by cuBLAS in the weight dtype (one rounding, as eager).
+    mode "f32":    float32 accumulator (float32 weights, AMP with float32 weights, float16
+                   weights with several chunks).
+    mode "f16s":   float16 accumulator holding s·grad_W, s a power of two (bfloat16 weights with
+                   several chunks); converted in place to bfloat16.
+    mode "cublas": addmm_ in the weight dtype over the chunks (drifts; benchmark only).
+    """
+
+    def __init__(self, mode: str, acc: torch.Tensor, scale: torch.Tensor, cfg: FlceConfig):
+        self.mode = mode
+        self.cfg = cfg
+        self.acc = acc
+        self.scale = scale  # float32 [1]: the accumulator holds scale * grad_W
+        self.inv_scale = 1.0 / scale
+        # "f16s": (dlogits, x) of the last chunk, whose GEMM is run by finalize (defer_last_gw)
+        self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def finalize(self, factor: torch.Tensor | None, out_dtype: torch.dtype) -> torch.Tensor:
+        """grad_W = acc / s * factor in out_dtype (factor: float32 scalar tensor or None)."""
+        f = self.inv_scale if factor is None else self.inv_scale * factor.float()
+        acc = self.acc
+        if self.mode == "f16s":
+            out = (
+                acc.view(out_dtype)
+                if out_dtype.itemsize == 2
+                else torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
+            )
+            fin = f.reshape(1).contiguous()
+            if self.pending is not None:  # last chunk's GEMM writes the finished gradient
+                z, xc = self.pending
+                self.pending = None
+                _launch_gemm_tn(
+                    z, xc, acc, self.scale, accumulate=True, out=out, fin=fin, cfg=self.cfg
+                )
+            else:
+                _launch_finalize(acc, out, fin, cfg=self.cfg)
+            return out
+        if acc.dtype == out_dtype:
+            if factor is not None:
+                _scale_(acc, f.to(acc.dtype) if acc.dtype == torch.float64 else f, cfg=self.cfg)
+            return acc
+        return (acc.float() * f).to(out_dtype) if factor is not None else acc.to(out_dtype)
+
+
+def _flce_pass(
+    x: torch.Tensor,  # [N, H] compute dtype, contiguous
+    w: torch.Tensor,  # [V, H] compute dtype, contiguous
+    b: torch.Tensor | None,  # [V] compute dtype
+    target: torch.Tensor,  # [N] int64
+    *,
+    ignore_index: int,
+    label_smoothing: float,
+    z_loss_scale: float,
+    softcap: float | None,
+    row_scale: torch.Tensor,  # float32 scalar [1] or per-row [N]
+    per_row_scale: bool,
+    need_gx: bool,
+    need_gw: bool,
+    need_gb: bool,
+    w_out_dtype: torch.dtype,
+    budget: int,
+    cfg: FlceConfig,
+):
+    n, h = x.shape
+    v = w.shape[0]
+    dev = x.device
+    cdt = x.dtype
+    compute_grad = need_gx or need_gw or need_gb
+    rows = plan_rows(n, v, x.element_size(), budget)
+    n_chunks = -(-n // rows)
+
+    loss_rows = torch.empty(n, dtype=torch.float32, device=dev)
+    zloss_rows = torch.empty(n, dtype=torch.float32, device=dev)
+    lse_rows = torch.empty(n, dtype=torch.float32, device=dev)
+    grad_x = torch.empty((n, h), dtype=cdt, device=dev) if need_gx else None
+    grad_b = torch.zeros(v, dtype=torch.float32, device=dev) if need_gb else None
+
+    gw: _GradW | None = None
+    one = torch.ones(1, dtype=torch.float32, device=dev)
+    if need_gw:
+        if cdt == torch.float32:
+            gw = _GradW("f32", torch.empty((v, h), dtype=cdt, device=dev), one, cfg)
+        elif n_chunks == 1 and w_out_dtype == cdt:
+            gw = _GradW("direct", torch.empty((v, h), dtype=cdt, device=dev), one, cfg)
+        elif w_out_dtype == cdt and cfg.gw_accumulation == "cublas":
+            gw = _GradW("cublas", torch.empty((v, h), dtype=cdt, device=dev), one, cfg)
+        elif w_out_dtype == torch.bfloat16 and cdt == torch.bfloat16:
+            s = _f16_accumulator_scale(
+                x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale, per_row_scale
+            )
+            acc16 = torch.empty((v, h), dtype=torch.float16, device=dev)
+            gw = _GradW("f16s", acc16, s.reshape(1).float(), cfg)
+        else:
+            gw = _GradW("f32", torch.empty((v, h), dtype=torch.float32, device=dev), one, cfg)
+
+    zbuf = torch.empty((rows, v), dtype=cdt, device=dev)
+    wt = w.t()
+    with _ieee_fp32_matmul(cdt == torch.float32):
+        for i, r0 in enumerate(range(0, n, rows)):
+            r1 = min(n, r0 + rows)
+            z = zbuf[: r1 - r0]
+            xc = x[r0:r1]
+            if b is not None:
+                torch.addmm(b, xc, wt, out=z)
+            else:
+                torch.mm(xc, wt, out=z)
+            _launch_ce(
+                z,
+                target[r0:r1],
+                loss_rows[r0:r1],
+                zloss_rows[r0:r1],
+                lse_rows[r0:r1],
+                row_scale[r0:r1] if per_row_scale else row_scale,
+                per_row_scale,
+                V=v,
+                ignore_index=ignore_index,
+                label_smoothing=label_smoothing,
+                z_loss_scale=z_loss_scale,
+                softcap=softcap,
+                compute_grad=compute_grad,
+                cfg=cfg,
+            )
+            if not compute_grad:
+                continue
+            if grad_b is not None:
+                grad_b += z.sum(0, dtype=torch.float32)
+            gx = grad_x[r0:r1] if grad_x is not None else None
+            f16s = gw is not None and gw.mode == "f16s"
+            deferred = f16s and cfg.defer_last_gw and i > 0 and r1 == n
+            if (
+                gx is not None
+                and f16s
+                and not deferred
+                and _grads_fused_ok(z, w, gx, xc, gw.acc, cfg=cfg)
+            ):
+                _launch_grads(z, w, gx, xc, gw.acc, gw.scale, accumulate=i > 0, cfg=cfg)
+                continue
+            if gx is not None:
+                torch.mm(z, w, out=gx)
+            if gw is not None:
+                if deferred:
+                    gw.pending = (z, xc)  # run by gw.finalize (backward): fused conversion
+                else:
+                    _accumulate_gw(gw, z, xc, first=i == 0)
+    del zbuf
+    return loss_rows, zloss_rows, lse_rows, grad_x, gw, grad_b
+
+
+def _accumulate_gw(gw: _GradW, z: torch.Tensor, xc: torch.Tensor, first: bool) -> None:
+    if gw.mode in ("direct", "cublas") or (gw.mode == "f32" and z.dtype == gw.acc.dtype):
+        if first:
+            torch.mm(z.t(), xc, out=gw.acc)
+        else:
+            gw.acc.addmm_(z.t(), xc)
+    else:  # "f16s", or a float32 accumulator with 16-bit operands
+        _launch_gemm_tn(z, xc, gw.acc, gw.scale, accumulate=not first, cfg=gw.cfg)
+
+
+def _f16_accumulator_scale(
+    x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale, per_row_scale
+) -> torch.Tensor:
+    """Power of two s with s·|grad_W| ≤ 2^15 guaranteed (float16 max is 65504), on device.
+
+    |grad_W[v,h]| ≤ max|x| · Σ_n |g_n| · max_v |dlogits_nv / g_n|, and |dL/dz| ≤ 1 + 2·zls·|lse|
+    (probabilities ≤ 1, label-smoothing targets ≤ 1, softcap derivative ≤ 1), with
+    |lse_n| ≤ max_v |z_nv| + log V ≤ softcap + log V, or ‖x_n‖·max_v‖w_v‖ + max|b| + log V.
+    """
+    valid = (target != ignore_index).float()
+    if per_row_scale:
+        gsum = (row_scale.float().abs() * valid).sum()
+    else:
+        gsum = row_scale.float().abs().reshape(()) * valid.sum()
+    amax = x.abs().amax().float().clamp_min(1e-30)
+    bound = amax * gsum.clamp_min(1e-30)
+    if z_loss_scale != 0.0:
+        logv = math.log(w.shape[0])
+        if softcap is not None:
+            lmax = torch.tensor(abs(softcap) + logv, device=x.device)
+        else:
+            xn = x.float().norm(dim=1).amax()
+            wn = torch.stack([c.float().norm(dim=1).amax() for c in w.split(16384)]).amax()
+            bm = b.abs().amax().float() if b is not None else 0.0
+            lmax = xn * wn + bm + logv
+        bound = bound * (1.0 + 2.0 * abs(z_loss_scale) * lmax)
+    return torch.exp2(torch.floor(torch.log2(32768.0 / bound))).clamp(2.0**-120, 2.0**120)
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+    except TypeError:  # older torch: no device_type argument
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+    return None
+
+
+class _FLCEFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x,
+        weight,
+        target,
+        bias,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        softcap,
+        z_loss_scale,
+        compute_dtype,
+        budget,
+        cfg,
+        grad_enabled,
+    ):
+        dev_type = x.device.type
+        with torch.autocast(dev_type, enabled=False):
+            # Under autocast the logits GEMM runs in the autocast dtype (like F.linear would) and
+            # the logits chunk stays in that 16-bit dtype: an fp32 copy of a chunk would cost
+            # rows·V·4 bytes. The CE kernel upcasts each element to float32 in registers, so
+            # softmax/lse are float32 anyway. Bias is cast with x and W: no addmm dtype mismatch.
+            xc = x.reshape(-1, x.shape[-1]).to(compute_dtype).contiguous()
+            wc = weight.to(compute_dtype).contiguous()
+            bc = bias.to(compute_dtype).contiguous() if bias is not None else None
+            tgt = target.reshape(-1).contiguous()
+            valid = tgt != ignore_index
+            n_valid = valid.sum().to(torch.float32)
+            need_gx = grad_enabled and ctx.needs_input_grad[0]
+            need_gw = grad_enabled and ctx.needs_input_grad[1]
+            need_gb = grad_enabled and bias is not None and ctx.needs_input_grad[3]
+            defer = reduction == "none"
+            if reduction == "mean":
+                scale = (1.0 / n_valid.clamp_min(1.0)).reshape(1)
+            else:
+                scale = torch.ones(1, dtype=torch.float32, device=xc.device)
+            common = dict(
+                ignore_index=ignore_index,
+                label_smoothing=label_smoothing,
+                z_loss_scale=z_loss_scale,
+                softcap=softcap,
+                budget=budget,
+                cfg=cfg,
+            )
+            loss_rows, zl_rows, _lse, gx, gw, gb = _flce_pass(
+                xc,
+                wc,
+                bc,
+                tgt,
+                row_scale=scale,
+                per_row_scale=False,
+                need_gx=need_gx and not defer,
+                need_gw=need_gw and not defer,
+                need_gb=need_gb and not defer,
+                w_out_dtype=weight.dtype,
+                **common,
+            )
+            if reduction == "none":
+                loss, zl = loss_rows, zl_rows
+            elif reduction == "sum":
+                loss, zl = loss_rows.sum(), zl_rows.sum()
+            else:
+                loss = loss_rows.sum() / n_valid.clamp_min(1.0)
+                zl = zl_rows.sum() / n_valid.clamp_min(1.0)
+        ctx.defer = defer
+        ctx.common = common
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        ctx.x_shape = x.shape
+        ctx.needs = (need_gx, need_gw, need_gb)
+        if defer:
+            ctx.save_for_backward(xc, wc, bc, tgt)
+        else:
+            ctx.saved = (gx, gw, gb)
+        ctx.mark_non_differentiable(zl)
+        return loss, zl
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss, _grad_zl):
+        x_dt, w_dt, b_dt = ctx.dtypes
+        need_gx, need_gw, need_gb = ctx.needs
+        if ctx.defer:
+            xc, wc, bc, tgt = ctx.saved_tensors
+            with torch.autocast(xc.device.type, enabled=False):
+                go = grad_loss.reshape(-1).float().contiguous()
+                _l, _z, _s, gx, gw, gb = _flce_pass(
+                    xc,
+                    wc,
+                    bc,
+                    tgt,
+                    row_scale=go,
+                    per_row_scale=True,
+                    need_gx=need_gx,
+                    need_gw=need_gw,
+                    need_gb=need_gb,
+                    w_out_dtype=w_dt,
+                    **ctx.common,
+                )
+            factor = None
+        else:
+            gx, gw, gb = ctx.saved
+            ctx.saved = None
+            factor = grad_loss.reshape(1).float()
+        grad_x = grad_w = grad_b = None
+        if need_gx and gx is not None:
+            grad_x = gx if factor is None else _scale_(gx, factor, cfg=ctx.common["cfg"])
+            grad_x = grad_x.to(x_dt).reshape(ctx.x_shape)
+        if need_gw and gw is not None:
+            grad_w = gw.finalize(factor, w_dt)
+        if need_gb and gb is not None:
+            grad_b = (gb if factor is None else gb * factor).to(b_dt)
+        # one gradient per forward input: x, weight, target, bias, then 9 options
+        return grad_x, grad_w, None, grad_b, *([None] * 9)

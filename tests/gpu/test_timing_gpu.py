@@ -1,0 +1,103 @@
+"""Timing on CUDA: the engine's device time agrees with the profiler's kernel durations, a
+capturable call is timed as a CUDA graph, a call that syncs falls back to events with the reason
+recorded, and host overhead is reported beside (not inside) device time."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+DEV = torch.device("cuda")
+
+
+def _profiler_ms(fn, reps: int = 20) -> float:
+    """Mean per-call sum of device activity (kernels, memcpy, memset) recorded by CUPTI."""
+    from kassay.validate.timing import profiler_device_ms
+
+    return profiler_device_ms(fn, reps)
+
+
+def test_device_time_of_a_copy_matches_the_profiler() -> None:
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    src = torch.randn(1 << 28, device=DEV)  # 1 GiB
+    dst = torch.empty_like(src)
+
+    def copy() -> None:
+        dst.copy_(src)
+
+    t = time_call(copy, DEV, TimingPolicy(warmup=2, min_reps=10, max_reps=200, budget_s=2.0))
+    prof = _profiler_ms(copy)
+    assert t.mode == "graph" and t.graph_fallback is None
+    assert abs(t.median_ms - prof) / prof < 0.03, (t.median_ms, prof)
+    assert t.wall_median_ms is not None and t.wall_median_ms >= t.median_ms * 0.97
+
+
+def test_host_overhead_is_reported_beside_device_time() -> None:
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    x = torch.randn(1 << 20, device=DEV)
+
+    def slow_wrapper() -> None:
+        deadline = time.perf_counter() + 0.002  # 2 ms of Python before a tiny kernel
+        while time.perf_counter() < deadline:
+            pass
+        x.mul_(1.0)
+
+    t = time_call(slow_wrapper, DEV, TimingPolicy(warmup=1, min_reps=10, max_reps=50))
+    assert t.mode == "graph"
+    assert t.median_ms < 0.2, t.median_ms  # the kernel, not the wrapper
+    assert t.host_overhead_ms is not None and t.host_overhead_ms > 1.5
+
+
+def test_a_call_that_syncs_falls_back_to_events() -> None:
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    x = torch.randn(1 << 22, device=DEV)
+
+    def syncing() -> None:
+        float(x.sum().item())  # a host sync: cannot be captured
+
+    t = time_call(syncing, DEV, TimingPolicy(warmup=1, min_reps=5, max_reps=20))
+    assert t.mode == "events" and t.graph_fallback
+    assert t.median_ms > 0
+    # the device is usable after the failed capture
+    assert torch.ones(4, device=DEV).sum().item() == 4.0
+
+
+def test_warm_l2_is_faster_than_cold_for_a_small_read() -> None:
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    x = torch.randn(1 << 21, device=DEV)  # 8 MiB: fits in L2
+    out = torch.empty((), device=DEV)
+
+    def read() -> None:
+        torch.sum(x, out=out)
+
+    cold = time_call(read, DEV, TimingPolicy(min_reps=20, max_reps=200, flush_l2=True))
+    warm = time_call(read, DEV, TimingPolicy(min_reps=20, max_reps=200, flush_l2=False))
+    assert cold.l2_flushed and not warm.l2_flushed
+    assert warm.median_ms < cold.median_ms
+
+
+def test_gpu_state_is_sampled() -> None:
+    pynvml = pytest.importorskip("pynvml")
+    del pynvml
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    a = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16)
+    t = time_call(lambda: a @ a, DEV, TimingPolicy(min_reps=20, budget_s=0.5))
+    assert t.sm_clock_mhz is not None and t.sm_clock_mhz > 100
+    assert t.power_w is not None and t.power_w > 10

@@ -1,0 +1,118 @@
+"""bench/ holds benchmarks users run on kassay's public kernel API; research/ holds the probes.
+
+bench/*.py must not reach into kassay.kernels' private names (a module or name starting with
+`_`): what they measure is what a user can call. research/*.py may, but must stay importable.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = "kassay.kernels"
+
+
+def _is_kernels(module: str) -> bool:
+    return module == KERNELS or module.startswith(KERNELS + ".")
+
+
+def _private(dotted: str) -> bool:
+    return any(part.startswith("_") for part in dotted.split("."))
+
+
+def private_kernel_uses(source: str) -> list[str]:
+    """Private names of kassay.kernels a script imports or reaches: imports of a `_` module or
+    name, attributes `m._x` of a kernels module bound to `m`, and `_` keywords in calls of an
+    imported kernels function or module attribute."""
+    tree = ast.parse(source)
+    found: list[str] = []
+    modules: set[str] = set()  # local names bound to a kassay.kernels module
+    functions: set[str] = set()  # local names bound to a public kassay.kernels object
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if _is_kernels(a.name):
+                    if _private(a.name):
+                        found.append(a.name)
+                    modules.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and _is_kernels(node.module):
+            if _private(node.module):
+                found.append(node.module)
+            for a in node.names:
+                if a.name.startswith("_"):
+                    found.append(f"{node.module}.{a.name}")
+                elif node.module == KERNELS and a.name in ("flce", "lse_merge", "flce_config"):
+                    modules.add(a.asname or a.name)
+                else:
+                    functions.add(a.asname or a.name)
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and node.attr.startswith("_")
+        ):
+            found.append(f"{node.value.id}.{node.attr}")
+        if isinstance(node, ast.Call):
+            f = node.func
+            kernel_call = (isinstance(f, ast.Name) and f.id in functions) or (
+                isinstance(f, ast.Attribute)
+                and isinstance(f.value, ast.Name)
+                and f.value.id in modules
+            )
+            if kernel_call:
+                found += [
+                    f"keyword {k.arg}" for k in node.keywords if (k.arg or "").startswith("_")
+                ]
+    return found
+
+
+def test_bench_scripts_use_only_the_public_kernel_api():
+    scripts = sorted((ROOT / "bench").glob("*.py"))
+    assert {p.name for p in scripts} >= {"flce.py", "lse_merge.py", "common.py"}
+    bad = {p.name: private_kernel_uses(p.read_text()) for p in scripts}
+    assert {k: v for k, v in bad.items() if v} == {}
+
+
+def test_the_check_finds_private_uses():
+    snippets = {
+        "from kassay.kernels.flce import _launch_ce": ["kassay.kernels.flce._launch_ce"],
+        "from kassay.kernels import _flce_kernels as K": ["kassay.kernels._flce_kernels"],
+        "import kassay.kernels._flce_launch": ["kassay.kernels._flce_launch"],
+        "from kassay.kernels import flce as m\nm._num_sms(0)": ["m._num_sms"],
+        "from kassay.kernels import lse_merge as km\nkm.merge_states(o, l, _config=c)": [
+            "keyword _config"
+        ],
+        "from kassay.kernels import merge_states\nmerge_states(o, l, _config=c)": [
+            "keyword _config"
+        ],
+    }
+    for source, want in snippets.items():
+        assert private_kernel_uses(source) == want, source
+    ok = "from kassay.kernels import FlceConfig, fused_linear_cross_entropy as f\nf(x, config=c)"
+    assert private_kernel_uses(ok) == []
+
+
+def test_probes_live_in_research_and_import():
+    assert not list((ROOT / "bench").glob("*probe*.py"))
+    assert not list((ROOT / "bench").glob("NOTES-*.md"))
+    scripts = sorted((ROOT / "research").glob("*.py"))
+    assert len(scripts) >= 10 and (ROOT / "research" / "README.md").is_file()
+    for p in scripts:
+        ast.parse(p.read_text(), filename=str(p))
+    # one interpreter imports every probe module (their main() is not run)
+    names = ", ".join(p.stem for p in scripts)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "research"), str(ROOT / "service")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {names}"],
+        cwd=ROOT / "research", capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,0 +1,92 @@
+"""Timing policy logic and report fields on the CPU, and the worker's reference cache: a
+repeated input group reuses its float64 reference, an impl that writes into its inputs cannot
+poison it, and the cache stays within its byte cap."""
+
+from __future__ import annotations
+
+import torch
+
+from kassay.validate import reports
+from kassay.validate.engine import run_group
+from kassay.validate.reference_cache import ReferenceCache
+from kassay.validate.results import Report, Summary
+from kassay.validate.spec import GroupSpec, TimingPolicy
+from kassay.validate.timing import _batch_size, time_call
+
+CPU = torch.device("cpu")
+
+
+def test_cpu_timing_is_labelled_and_bounded() -> None:
+    calls = []
+    policy = TimingPolicy(warmup=2, min_reps=4, max_reps=7, budget_s=5.0, target_rel_sem=1e-9)
+    t = time_call(lambda: calls.append(1), CPU, policy)
+    assert t.mode == "cpu" and t.clock == "cpu_perf_counter"
+    assert t.n == 7 and len(calls) == 2 + 7  # warm-up, then up to max_reps
+    assert t.wall_median_ms == t.median_ms and t.host_overhead_ms == 0.0
+    assert t.sm_clock_mhz is None and not t.throttled
+
+
+def test_batches_cover_min_reps_and_stop_at_max_reps() -> None:
+    p = TimingPolicy(min_reps=20, max_reps=30)
+    assert _batch_size(1000.0, p, 0) == 20  # a slow call still gets its minimum in one go
+    assert _batch_size(0.001, p, 25) == 5  # a fast one fills the batch, up to max_reps
+    assert _batch_size(0.001, TimingPolicy(max_reps=100_000), 0) == 50_000
+
+
+def _group(seed: int = 0) -> GroupSpec:
+    return GroupSpec(
+        group_id=f"g{seed}",
+        op="lse_merge",
+        params={
+            "T": 8,
+            "Hh": 2,
+            "D": 4,
+            "K": 2,
+            "dtype": "float32",
+            "lse_layout": "hT",
+            "mode": "merge",
+            "accumulate": "float32",
+        },
+        seed=seed,
+        impls=["torch"],
+        timing=TimingPolicy(enabled=False),
+    )
+
+
+def test_a_repeated_group_reuses_its_reference() -> None:
+    (first,) = run_group(_group(seed=12345), device="cpu", ceilings=False)
+    (again,) = run_group(_group(seed=12345), device="cpu", ceilings=False)
+    assert first.environment.model_extra["reference_cache"] == "miss"
+    assert again.environment.model_extra["reference_cache"] == "hit"
+    assert [o.model_dump() for o in first.outputs] == [o.model_dump() for o in again.outputs]
+    report = Report(
+        job_id="j",
+        name="n",
+        labels={},
+        state="finished",
+        created_at="2026-12-03T00:00:00Z",
+        environments=[first.environment],
+        summary=Summary.of([first, again]),
+        cases=[first, again.model_copy(update={"group_id": "other"})],
+    )
+    assert "references reused for 1 of 2 input groups" in reports.render(report, "markdown")
+
+
+def test_the_cache_keeps_pristine_copies_within_its_cap() -> None:
+    cache = ReferenceCache(cap_bytes=2 * 4 * 10)  # room for two entries of 10 floats
+
+    def make(v: float):
+        return lambda: ({"x": torch.full((5,), v)}, {"y": torch.full((5,), -v)})
+
+    inputs, _, hit = cache.get_or_make("a", CPU, make(1.0))
+    assert not hit
+    inputs["x"].fill_(99.0)  # an impl scribbling on its inputs
+    again, ref2, hit = cache.get_or_make("a", CPU, make(7.0))
+    assert hit and again["x"].tolist() == [1.0] * 5 and ref2["y"].tolist() == [-1.0] * 5
+    cache.get_or_make("b", CPU, make(2.0))
+    cache.get_or_make("c", CPU, make(3.0))  # over the cap: "a", used least recently, goes
+    assert cache.held_bytes <= cache.cap_bytes
+    assert not cache.get_or_make("a", CPU, make(1.0))[2]
+    off = ReferenceCache(cap_bytes=0)
+    off.get_or_make("a", CPU, make(1.0))
+    assert not off.get_or_make("a", CPU, make(1.0))[2] and off.held_bytes == 0
