@@ -95,14 +95,22 @@ class Proc:
             return ""
 
 
-def start_worker(tmp: Path, *, port: int | None = None, name: str = "worker") -> Proc:
+def start_worker(
+    tmp: Path,
+    *,
+    port: int | None = None,
+    name: str = "worker",
+    host: str = "127.0.0.1",
+    env: dict[str, str] | None = None,
+) -> Proc:
+    """A CPU worker; `env` adds KASSAY_* settings (the token, TLS files, caps)."""
     port = port or free_port()
     proc = Proc(
         name,
         [
             "worker",
             "--listen",
-            f"127.0.0.1:{port}",
+            f"{host}:{port}",
             "--device",
             "cpu",
             "--enable-test-impls",
@@ -112,7 +120,7 @@ def start_worker(tmp: Path, *, port: int | None = None, name: str = "worker") ->
             name,
         ],
         tmp / f"{name}.log",
-        _env(),
+        _env(env),
     )
     proc.extra["address"] = f"127.0.0.1:{port}"
     return proc.start()
@@ -253,6 +261,12 @@ class Procs:
 @pytest.fixture
 def procs(tmp_path: Path) -> Iterator[Procs]:
     yield Procs(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def module_procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    """Procs for processes a whole test module shares."""
+    yield Procs(tmp_path_factory.mktemp("module"))
 
 
 @pytest.fixture

@@ -121,7 +121,11 @@ def test_refusals(client: Client) -> None:
         )
     assert exc.value.code == "ResourceError"
     with pytest.raises(UnprocessableEntityError) as exc:
-        client.jobs.create({**SPEC, "suites": [{**LSE, "seeds": list(range(3000))}]})
+        # over the case cap (10000) with seeds within their own bound (1000)
+        grid = {**LSE["params"], "T": [8, 16]}
+        client.jobs.create(
+            {**SPEC, "suites": [{**LSE, "params": grid, "seeds": list(range(1000))}]}
+        )
     assert exc.value.code == "CaseLimitError"
     with pytest.raises(PayloadTooLargeError):
         client.jobs.create("name: big\n" + "#" * 300_000)

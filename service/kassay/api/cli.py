@@ -2,7 +2,8 @@
 
 - api: the REST front end alone (workers from --worker or KASSAY_WORKERS).
 - serve: the embedded default for one machine: the API, one local worker subprocess on the best
-  device present (CUDA if any, else CPU) and SQLite under ./.kassay/.
+  device present (CUDA if any, else CPU) and SQLite under ./.kassay/. The two share a random
+  worker token made at start; their link stays on loopback, so it needs no TLS.
 - demo: serve, then submit a spec through the SDK once ready and print the report; exits with
   the client's exit code, or keeps serving with --keep-serving until Ctrl-C.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -135,6 +137,9 @@ class Embedded:
         self._worker_started = 0.0
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
+        # The local worker takes calls only with this token (other users of the host can reach
+        # its loopback port); it reaches the worker through its environment, not its argv.
+        self.worker_token = os.environ.get("KASSAY_WORKER_TOKEN") or secrets.token_urlsafe(32)
 
     def start_worker(self) -> None:
         cmd = [
@@ -149,9 +154,10 @@ class Embedded:
         ]
         if self.args.enable_test_impls:
             cmd.append("--enable-test-impls")
+        env = {**os.environ, "KASSAY_WORKER_TOKEN": self.worker_token}
         with open(self.data_dir / "worker.log", "ab") as log:
             self.worker = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
             )
         self._worker_started = time.monotonic()
 
@@ -195,6 +201,7 @@ class Embedded:
             or f"sqlite:///{self.data_dir / 'kassay.db'}",
             data_dir=self.data_dir,
             enable_test_impls=True if self.args.enable_test_impls else None,
+            worker_token=self.worker_token,
         )
         config = uvicorn.Config(
             create_app(settings),

@@ -81,7 +81,11 @@ class WorkerInfo(BaseModel):
     device_name: str | None = None
     memory_bytes: int | None = None
     ops: dict[str, list[str]] = Field(default_factory=dict, description="op -> impl names")
-    running: list[str] = Field(default_factory=list, description="job_id/group_id in flight")
+    running: list[str] = Field(
+        default_factory=list,
+        description="job_id/group_id in flight (never the run ids the worker knows them by: "
+        "those stay between the API and its workers)",
+    )
     last_seen: datetime | None = None
     last_error: str | None = None
     environment: dict[str, Any] | None = None
