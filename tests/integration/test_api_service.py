@@ -121,7 +121,7 @@ def test_refusals(client: Client) -> None:
         )
     assert exc.value.code == "ResourceError"
     with pytest.raises(UnprocessableEntityError) as exc:
-        # over the case cap (10000) with seeds within their own bound (1000)
+        # over the case cap (10000)
         grid = {**LSE["params"], "T": [8, 16]}
         client.jobs.create(
             {**SPEC, "suites": [{**LSE, "params": grid, "seeds": list(range(1000))}]}
