@@ -39,9 +39,9 @@ def _caught(cases: list[Any]) -> bool:
 
 def _run_spec(spec: Any, device: str) -> list[Any]:
     from kassay.validate.engine import run_group
-    from kassay.validate.spec import expand
+    from kassay.validate.spec import expand, local_impl_check
 
-    groups = expand(spec, include_mutants=True)
+    groups = expand(spec, check_impl=local_impl_check(include_mutants=True))
     return [
         c for g in groups for c in run_group(g, device=device, include_mutants=True, ceilings=False)
     ]
