@@ -344,6 +344,7 @@ class TimingPolicy(_message.Message):
     BUDGET_S_FIELD_NUMBER: _builtins.int
     TARGET_REL_SEM_FIELD_NUMBER: _builtins.int
     FLUSH_L2_FIELD_NUMBER: _builtins.int
+    CPU_CLOCK_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     warmup: _builtins.int
     min_reps: _builtins.int
@@ -351,6 +352,8 @@ class TimingPolicy(_message.Message):
     budget_s: _builtins.float
     target_rel_sem: _builtins.float
     flush_l2: _builtins.bool
+    cpu_clock: _builtins.str
+    """wall | process (default wall)"""
     def __init__(
         self,
         *,
@@ -361,13 +364,16 @@ class TimingPolicy(_message.Message):
         budget_s: _builtins.float | None = ...,
         target_rel_sem: _builtins.float | None = ...,
         flush_l2: _builtins.bool | None = ...,
+        cpu_clock: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_clock", b"_cpu_clock", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_clock", b"cpu_clock", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_clock", b"_cpu_clock", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_clock", b"cpu_clock", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_s: _TypeAlias = _typing.Literal["budget_s"]  # noqa: Y015
     _WhichOneofArgType__budget_s: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s"]  # noqa: Y015
+    _WhichOneofReturnType__cpu_clock: _TypeAlias = _typing.Literal["cpu_clock"]  # noqa: Y015
+    _WhichOneofArgType__cpu_clock: _TypeAlias = _typing.Literal["_cpu_clock", b"_cpu_clock"]  # noqa: Y015
     _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
     _WhichOneofArgType__enabled: _TypeAlias = _typing.Literal["_enabled", b"_enabled"]  # noqa: Y015
     _WhichOneofReturnType__flush_l2: _TypeAlias = _typing.Literal["flush_l2"]  # noqa: Y015
@@ -382,6 +388,8 @@ class TimingPolicy(_message.Message):
     _WhichOneofArgType__warmup: _TypeAlias = _typing.Literal["_warmup", b"_warmup"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_s) -> _WhichOneofReturnType__budget_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_clock) -> _WhichOneofReturnType__cpu_clock | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__enabled) -> _WhichOneofReturnType__enabled | None: ...
     @_typing.overload
@@ -615,8 +623,9 @@ class TimingStats(_message.Message):
     GBPS_FIELD_NUMBER: _builtins.int
     ROOFLINE_FRACTION_FIELD_NUMBER: _builtins.int
     SPEEDUP_VS_BASELINE_FIELD_NUMBER: _builtins.int
+    SAMPLES_MS_FIELD_NUMBER: _builtins.int
     clock: _builtins.str
-    """cuda_events | cpu_perf_counter"""
+    """cuda_events | cpu_perf_counter | cpu_process_time"""
     n: _builtins.int
     median_ms: _builtins.float
     mean_ms: _builtins.float
@@ -629,6 +638,10 @@ class TimingStats(_message.Message):
     gbps: _builtins.float
     roofline_fraction: _builtins.float
     speedup_vs_baseline: _builtins.float
+    @_builtins.property
+    def samples_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """every repetition, in the order measured"""
+
     def __init__(
         self,
         *,
@@ -645,10 +658,11 @@ class TimingStats(_message.Message):
         gbps: _builtins.float | None = ...,
         roofline_fraction: _builtins.float | None = ...,
         speedup_vs_baseline: _builtins.float | None = ...,
+        samples_ms: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_roofline_fraction", b"_roofline_fraction", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "gbps", b"gbps", "roofline_fraction", b"roofline_fraction", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_roofline_fraction", b"_roofline_fraction", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "clock", b"clock", "gbps", b"gbps", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_roofline_fraction", b"_roofline_fraction", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "clock", b"clock", "gbps", b"gbps", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "samples_ms", b"samples_ms", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gbps: _TypeAlias = _typing.Literal["gbps"]  # noqa: Y015
     _WhichOneofArgType__gbps: _TypeAlias = _typing.Literal["_gbps", b"_gbps"]  # noqa: Y015

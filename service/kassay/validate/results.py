@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kassay.validate.comparison import Comparison
+
 REPORT_SCHEMA_VERSION: Literal["kassay.report/v1"] = "kassay.report/v1"
 
 Status = Literal["passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped"]
@@ -61,7 +63,7 @@ class OutputMetrics(BaseModel):
 
 class TimingStats(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    clock: Literal["cuda_events", "cpu_perf_counter"]
+    clock: Literal["cuda_events", "cpu_perf_counter", "cpu_process_time"]
     n: int
     median_ms: float
     mean_ms: float
@@ -74,6 +76,11 @@ class TimingStats(BaseModel):
     gbps: float | None = None
     roofline_fraction: float | None = None
     speedup_vs_baseline: float | None = None
+    samples_ms: list[float] = Field(
+        default_factory=list,
+        description="every repetition's time in the order measured: comparisons between jobs "
+        "judge a change against this spread (kassay.validate.median_ratio)",
+    )
 
 
 class MemoryStats(BaseModel):
@@ -159,3 +166,6 @@ class Report(BaseModel):
     environments: list[Environment] = Field(default_factory=list)
     summary: Summary
     cases: list[CaseResult]
+    comparison: Comparison | None = Field(
+        None, description="the job against the one its spec's compare_to names, once over"
+    )
