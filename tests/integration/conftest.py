@@ -95,7 +95,9 @@ class Proc:
             return ""
 
 
-def start_worker(tmp: Path, *, port: int | None = None, name: str = "worker") -> Proc:
+def start_worker(
+    tmp: Path, *, port: int | None = None, name: str = "worker", env: dict[str, str] | None = None
+) -> Proc:
     port = port or free_port()
     proc = Proc(
         name,
@@ -112,7 +114,7 @@ def start_worker(tmp: Path, *, port: int | None = None, name: str = "worker") ->
             name,
         ],
         tmp / f"{name}.log",
-        _env(),
+        _env(env),
     )
     proc.extra["address"] = f"127.0.0.1:{port}"
     return proc.start()
