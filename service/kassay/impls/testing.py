@@ -11,7 +11,8 @@ KASSAY_ENABLE_TEST_IMPLS=1.
 - `raise`: raises RuntimeError, like any buggy impl.
 - `slowable` (flce only): the `torch` impl, plus, when the executor's environment has
   KASSAY_TEST_EXTRA_PASS=F (a fraction), a deliberate second forward and backward pass over the
-  first F of the rows: the same results, about F slower. It rehearses a regression gate: a job
+  first F of the rows (F over 1: whole passes, then the rest): the same results, about F
+  slower. It rehearses a regression gate: a job
   run by a worker started with KASSAY_TEST_EXTRA_PASS=0.2 is a commit that made `slowable` 20%
   slower.
 """
@@ -65,15 +66,20 @@ for _op in ("flce", "lse_merge"):
 
 def _flce_slowable(x: Any, w: Any, target: Any, b: Any, p: Any) -> Any:
     out = flce_eager(x, w, target, b, p)
-    rows = int(x.shape[0] * float(os.environ.get(EXTRA_PASS_ENV) or 0))
-    if not rows:
-        return out
-    extra = flce_eager(x[:rows], w, target[:rows], b, p)
-    extra_loss = extra[0] if isinstance(extra, tuple) else extra
-    # Joined with weight 0, so the backward runs the extra pass too and the results stay exact.
-    if isinstance(out, tuple):
-        return (out[0] + 0.0 * extra_loss.sum(), *out[1:])
-    return out + 0.0 * extra_loss.sum()
+    left = float(os.environ.get(EXTRA_PASS_ENV) or 0)
+    while left > 0:  # F over 1: whole passes over every row, then the rest
+        rows = int(x.shape[0] * min(left, 1.0))
+        left -= 1.0
+        if not rows:
+            break
+        extra = flce_eager(x[:rows], w, target[:rows], b, p)
+        extra_loss = extra[0] if isinstance(extra, tuple) else extra
+        # Joined with weight 0: the backward runs the extra pass too, the results stay exact.
+        if isinstance(out, tuple):
+            out = (out[0] + 0.0 * extra_loss.sum(), *out[1:])
+        else:
+            out = out + 0.0 * extra_loss.sum()
+    return out
 
 
 register(
