@@ -171,4 +171,6 @@ def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
             if p is not None:
                 p.stop()
     print(f"\nslowable vs the baseline, same code: {[round(r, 3) for r in ratios['same']]}")
-    print(f"slowable vs the baseline, extra pass {extra_pass}: {[round(r, 3) for r in ratios['slower']]}")
+    print(
+        f"slowable vs the baseline, extra pass {extra_pass}: {[round(r, 3) for r in ratios['slower']]}"
+    )
