@@ -103,7 +103,7 @@ def start_worker(
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
 ) -> Proc:
-    """A CPU worker; `env` adds KASSAY_* settings (the token, TLS files, caps)."""
+    """A CPU worker; `env` adds environment (KASSAY_* settings: the token, TLS files, caps)."""
     port = port or free_port()
     proc = Proc(
         name,

@@ -345,6 +345,7 @@ class TimingPolicy(_message.Message):
     TARGET_REL_SEM_FIELD_NUMBER: _builtins.int
     FLUSH_L2_FIELD_NUMBER: _builtins.int
     CUDA_GRAPH_FIELD_NUMBER: _builtins.int
+    CPU_CLOCK_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     warmup: _builtins.int
     min_reps: _builtins.int
@@ -355,6 +356,8 @@ class TimingPolicy(_message.Message):
     """cold (true, default) or warm L2"""
     cuda_graph: _builtins.bool
     """time CUDA-graph replays where capturable (default true)"""
+    cpu_clock: _builtins.str
+    """wall | process (default wall)"""
     def __init__(
         self,
         *,
@@ -366,13 +369,16 @@ class TimingPolicy(_message.Message):
         target_rel_sem: _builtins.float | None = ...,
         flush_l2: _builtins.bool | None = ...,
         cuda_graph: _builtins.bool | None = ...,
+        cpu_clock: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_s: _TypeAlias = _typing.Literal["budget_s"]  # noqa: Y015
     _WhichOneofArgType__budget_s: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s"]  # noqa: Y015
+    _WhichOneofReturnType__cpu_clock: _TypeAlias = _typing.Literal["cpu_clock"]  # noqa: Y015
+    _WhichOneofArgType__cpu_clock: _TypeAlias = _typing.Literal["_cpu_clock", b"_cpu_clock"]  # noqa: Y015
     _WhichOneofReturnType__cuda_graph: _TypeAlias = _typing.Literal["cuda_graph"]  # noqa: Y015
     _WhichOneofArgType__cuda_graph: _TypeAlias = _typing.Literal["_cuda_graph", b"_cuda_graph"]  # noqa: Y015
     _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
@@ -389,6 +395,8 @@ class TimingPolicy(_message.Message):
     _WhichOneofArgType__warmup: _TypeAlias = _typing.Literal["_warmup", b"_warmup"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_s) -> _WhichOneofReturnType__budget_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_clock) -> _WhichOneofReturnType__cpu_clock | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cuda_graph) -> _WhichOneofReturnType__cuda_graph | None: ...
     @_typing.overload
@@ -665,8 +673,9 @@ class TimingStats(_message.Message):
     POWER_LIMIT_W_FIELD_NUMBER: _builtins.int
     THROTTLE_REASONS_FIELD_NUMBER: _builtins.int
     POWER_CAPPED_FIELD_NUMBER: _builtins.int
+    SAMPLES_MS_FIELD_NUMBER: _builtins.int
     clock: _builtins.str
-    """cuda_events | cpu_perf_counter (median_ms ...: device time on CUDA)"""
+    """cuda_events | cpu_perf_counter | cpu_process_time (CUDA: device time)"""
     n: _builtins.int
     median_ms: _builtins.float
     mean_ms: _builtins.float
@@ -693,6 +702,10 @@ class TimingStats(_message.Message):
     power_capped: _builtins.bool
     @_builtins.property
     def throttle_reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def samples_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """every repetition, in the order measured"""
+
     def __init__(
         self,
         *,
@@ -718,10 +731,11 @@ class TimingStats(_message.Message):
         power_limit_w: _builtins.float | None = ...,
         throttle_reasons: _abc.Iterable[_builtins.str] | None = ...,
         power_capped: _builtins.bool = ...,
+        samples_ms: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "clock", b"clock", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "clock", b"clock", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "samples_ms", b"samples_ms", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gbps: _TypeAlias = _typing.Literal["gbps"]  # noqa: Y015
     _WhichOneofArgType__gbps: _TypeAlias = _typing.Literal["_gbps", b"_gbps"]  # noqa: Y015

@@ -74,11 +74,18 @@ def worst_output(c: CaseResult) -> str:
 
 
 def to_junit(report: Report) -> str:
+    from kassay.validate.comparison_report import junit_message, regressions_by_case
+
+    # With a comparison, a passing case that regressed fails with type "regression".
+    passed = {c.case_id for c in report.cases if c.status == "passed"}
+    regressed = {
+        cid: e for cid, e in regressions_by_case(report.comparison).items() if cid in passed
+    }
     suites = ET.Element(
         "testsuites",
         name=report.name,
         tests=str(report.summary.total),
-        failures=str(report.summary.failed),
+        failures=str(report.summary.failed + len(regressed)),
         errors=str(report.summary.error + report.summary.crashed + report.summary.timeout),
     )
     by_op: dict[str, list[CaseResult]] = defaultdict(list)
@@ -90,7 +97,7 @@ def to_junit(report: Report) -> str:
             "testsuite",
             name=op,
             tests=str(len(cases)),
-            failures=str(sum(c.status == "failed" for c in cases)),
+            failures=str(sum(c.status == "failed" or c.case_id in regressed for c in cases)),
             errors=str(sum(c.status in ("error", "crashed", "timeout") for c in cases)),
             skipped=str(sum(c.status in ("unsupported", "skipped") for c in cases)),
         )
@@ -114,6 +121,10 @@ def to_junit(report: Report) -> str:
                 e.text = c.message
             elif c.status in ("unsupported", "skipped"):
                 ET.SubElement(tc, "skipped", message=f"{c.status}: {c.message}"[:500])
+            elif c.case_id in regressed:
+                msg = junit_message(regressed[c.case_id])
+                f = ET.SubElement(tc, "failure", message=msg[:500], type="regression")
+                f.text = "\n".join(regressed[c.case_id].reasons)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode")
 
@@ -240,6 +251,10 @@ def to_markdown(report: Report) -> str:
                 f"{(t.roofline_fraction or 0) * 100:.1f}% | "
                 f"{f'{t.speedup_vs_baseline:.2f}x' if t.speedup_vs_baseline else '-'} | {mem} |"
             )
+    if report.comparison is not None:
+        from kassay.validate.comparison_report import to_markdown as comparison_markdown
+
+        out += ["", comparison_markdown(report.comparison, heading="###").rstrip("\n")]
     if report.environments:
         e = report.environments[0]
         out += [

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kassay.validate.comparison import Comparison
+
 REPORT_SCHEMA_VERSION: Literal["kassay.report/v1"] = "kassay.report/v1"
 
 Status = Literal["passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped"]
@@ -80,7 +82,7 @@ class TimingStats(BaseModel):
     hardware slowdown) and `power_capped` says the board sat at its power limit."""
 
     model_config = ConfigDict(extra="forbid")
-    clock: Literal["cuda_events", "cpu_perf_counter"]
+    clock: Literal["cuda_events", "cpu_perf_counter", "cpu_process_time"]
     mode: Literal["graph", "events", "cpu"] = "events"
     n: int
     median_ms: float
@@ -102,6 +104,11 @@ class TimingStats(BaseModel):
     power_limit_w: float | None = None
     throttle_reasons: list[str] = Field(default_factory=list)
     power_capped: bool = False
+    samples_ms: list[float] = Field(
+        default_factory=list,
+        description="every repetition's time in the order measured: comparisons between jobs "
+        "judge a change against this spread (kassay.validate.median_ratio)",
+    )
 
     @property
     def throttled(self) -> bool:
@@ -205,3 +212,6 @@ class Report(BaseModel):
     environments: list[Environment] = Field(default_factory=list)
     summary: Summary
     cases: list[CaseResult]
+    comparison: Comparison | None = Field(
+        None, description="the job against the one its spec's compare_to names, once over"
+    )

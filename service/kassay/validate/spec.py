@@ -18,7 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kassay.errors import CaseLimitError, InvalidSpecError
 from kassay.validate.documents import load_document
@@ -70,6 +77,12 @@ class TimingPolicy(BaseModel):
         description="time CUDA-graph replays of the call where it can be captured (falls back "
         "to direct calls otherwise)",
     )
+    cpu_clock: Literal["wall", "process"] = Field(
+        "wall",
+        description="on the CPU: `wall` (time.perf_counter: what a caller waits) or `process` "
+        "(time.process_time: the CPU time of the executor process, all its threads; other "
+        "processes taking the CPU away do not count, so it is steadier on a shared runner)",
+    )
 
 
 class Suite(BaseModel):
@@ -85,6 +98,14 @@ class Suite(BaseModel):
     coverage: Literal["standard", "none"] = "standard"
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
+    regression_threshold: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        description="a comparison with an earlier job flags a case of this suite as slower (or "
+        "using more memory) when the change is significant and beyond this fraction (0.03: 3%); "
+        "unset: the job's compare_to.threshold, else 0.03",
+    )
 
     @field_validator("impls")
     @classmethod
@@ -92,6 +113,24 @@ class Suite(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("impls must not repeat a name")
         return v
+
+
+class CompareTo(BaseModel):
+    """What a job is compared with once it is over: a job by id, or the latest finished job
+    with the same name, these labels and the same device kind (e.g. `{branch: main}`)."""
+
+    model_config = _STRICT
+    job: str | None = Field(None, min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_\-]+$")
+    labels: dict[LabelKey, LabelValue] | None = Field(None, max_length=MAX_LABELS)
+    threshold: float | None = Field(
+        None, gt=0, le=10, description="the regression threshold of suites that set none"
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> CompareTo:
+        if (self.job is None) == (self.labels is None):
+            raise ValueError("compare_to needs exactly one of `job` or `labels`")
+        return self
 
 
 class JobSpec(BaseModel):
@@ -106,6 +145,11 @@ class JobSpec(BaseModel):
         le=7 * 86400,
         description="end the job (unfinished cases: timeout) this long after submission; the "
         "server's KASSAY_MAX_JOB_S caps it",
+    )
+    compare_to: CompareTo | None = Field(
+        None,
+        description="compare the job, once over, with this one; the service records the "
+        "verdict with the job and its reports include it",
     )
 
 

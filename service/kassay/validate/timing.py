@@ -15,7 +15,10 @@ Two figures per case, both labelled:
   median of a few calls: `host_overhead_ms` = wall - device shows a slow wrapper as such.
 
 L2: cold (flushed before every repetition, the default) or warm, by `TimingPolicy.flush_l2`.
-On the CPU both figures are the same monotonic-clock time and the mode is `cpu`.
+On the CPU both figures are the same clock's time and the mode is `cpu`: time.perf_counter
+(`cpu_perf_counter`), or with the policy's cpu_clock `process` time.process_time
+(`cpu_process_time`: other processes on a shared runner cannot inflate it). Every repetition's
+time is kept in the result (`samples_ms`) for comparisons between jobs.
 Repetitions continue, batch after batch, until the standard error of the median
 (1.2533 * std / sqrt(n)) falls under target_rel_sem of the median, with at least min_reps, at
 most max_reps, within budget_s. The SM clock and board power are sampled meanwhile (gpu_state).
@@ -75,7 +78,7 @@ def stats(times_ms: list[float], clock: str, flushed: bool, mode: str = "") -> T
     sem = 1.2533 * std / math.sqrt(len(times_ms))
     return TimingStats(
         clock=clock,  # type: ignore[arg-type]
-        mode=mode or ("cpu" if clock == "cpu_perf_counter" else "events"),  # type: ignore[arg-type]
+        mode=mode or ("events" if clock == "cuda_events" else "cpu"),  # type: ignore[arg-type]
         n=len(times_ms),
         median_ms=med,
         mean_ms=statistics.fmean(times_ms),
@@ -84,6 +87,7 @@ def stats(times_ms: list[float], clock: str, flushed: bool, mode: str = "") -> T
         p90_ms=_quantile(times_ms, 0.9),
         rel_sem=sem / med if med > 0 else 0.0,
         l2_flushed=flushed,
+        samples_ms=list(times_ms),
     )
 
 
@@ -322,33 +326,17 @@ def time_call(fn: Callable[[], object], device: torch.device, policy: TimingPoli
 def _time_cpu(fn: Callable[[], object], policy: TimingPolicy) -> TimingStats:
     for _ in range(policy.warmup):
         fn()
+    # perf_counter measures what a caller waits; process_time the CPU the executor spends (all
+    # threads), which other processes on a shared host cannot inflate.
+    clock = time.process_time if policy.cpu_clock == "process" else time.perf_counter
     times: list[float] = []
     t_end = time.perf_counter() + policy.budget_s
     while not _enough(times, policy, t_end):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    out = stats(times, "cpu_perf_counter", False, "cpu")
+        times.append((clock() - t0) * 1e3)
+    label = "cpu_process_time" if policy.cpu_clock == "process" else "cpu_perf_counter"
+    out = stats(times, label, False, "cpu")
     out.wall_median_ms = out.median_ms
     out.host_overhead_ms = 0.0
     return out
-
-
-def profiler_device_ms(fn: Callable[[], object], reps: int = 20) -> float:
-    """The reference the engine's device time is checked against: the mean per call of the
-    summed durations of the device activities (kernels, memcpy, memset) that torch.profiler
-    (CUPTI) records while `fn` runs `reps` times. Used by the GPU tests and
-    bench/timing_fidelity.py."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    total_us = sum(
-        e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA
-    )
-    return total_us / reps / 1e3
