@@ -26,6 +26,8 @@ SPEC = {
             "op": "lse_merge",
             "impls": ["torch", "te_style"],
             "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32"},
+            "regimes": ["normal"],
+            "coverage": "none",
         }
     ],
 }
