@@ -42,12 +42,37 @@ def _run(op: str, params: dict, impls: list[str], regime: str = "normal") -> lis
     return run_group(g, device="cuda", ceilings=False)
 
 
-@pytest.mark.parametrize("regime", ["normal", "large_logits"])
-def test_correct_bf16_flce_impls_are_not_flagged(regime: str) -> None:
+def test_correct_bf16_flce_impls_are_not_flagged() -> None:
     p = {"N": 4096, "H": 2048, "V": 32000, "dtype": "bfloat16", "ignore_fraction": 0.1}
-    cases = _run("flce", p, _available("flce", CORRECT_FLCE), regime)
-    bad = [(c.impl, c.flags, c.message) for c in cases if c.status not in ("passed", "unsupported")]
+    cases = _run("flce", p, _available("flce", CORRECT_FLCE))
+    # No correct impl is biased, nor nondeterministic beyond what it declares (cce's atomics
+    # and torch's reductions are declared; their spread stays within the tolerance).
+    flagged = [(c.impl, c.flags, c.message) for c in cases if c.flags]
+    assert not flagged, flagged
+    # cce's grad_input error is several times eager's (known, README): it may fail the
+    # tolerance, the others pass.
+    bad = [
+        (c.impl, c.message)
+        for c in cases
+        if c.impl != "cce" and c.status not in ("passed", "unsupported")
+    ]
     assert not bad, bad
+
+
+def test_bf16_large_logits_are_explicit_and_guard_the_baseline() -> None:
+    """|logits| ~ 1e3 in bfloat16: eager torch's gradients are several % off (16-bit logits),
+    so a suite that lists no regimes skips the regime for 16-bit flce; asked for explicitly,
+    the baseline is reported suspect and kassay is judged by the absolute policy."""
+    from kassay.validate.spec import expand, parse_spec
+
+    p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
+    plain = expand(
+        parse_spec({"name": "x", "suites": [{"op": "flce", "impls": ["torch"], "params": p}]})
+    )
+    assert "large_logits" not in {g.regime for g in plain}
+    cases = {c.impl: c for c in _run("flce", p, ["torch", "kassay"], "large_logits")}
+    assert "baseline_suspect" in cases["torch"].flags
+    assert cases["kassay"].status == "passed", cases["kassay"].message
 
 
 @pytest.mark.parametrize("ls", [0.0, 0.1])

@@ -53,7 +53,7 @@ def test_bad_params_name_the_field_and_grid_point() -> None:
     bad = SPEC.replace("K: [2, 3]", "K: [2, 1]")
     with pytest.raises(InvalidSpecError) as ei:
         expand(parse_spec(bad))
-    assert "suites.0.params.K" in ei.value.message and "'K': 1" in ei.value.message
+    assert "suites.0.params.K" in ei.value.message and '"K": 1' in ei.value.message
     bad_dtype = SPEC.replace("float16]", "float8]")
     with pytest.raises(InvalidSpecError, match="dtype"):
         expand(parse_spec(bad_dtype))

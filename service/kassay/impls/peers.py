@@ -110,5 +110,8 @@ if importlib.util.find_spec("cut_cross_entropy") is not None:
             "Apple's Cut Cross-Entropy",
             _cce_supports,
             "peer",
+            # its backward accumulates with atomics: 42M grad elements differ between two runs
+            # on the H200 (bf16); the spread is still checked against the tolerance
+            nondeterministic=True,
         )
     )

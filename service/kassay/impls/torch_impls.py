@@ -51,6 +51,10 @@ register(
         "torch",
         flce_harness.as_run(flce_eager),
         "eager PyTorch: F.linear + F.cross_entropy on float32 logits (the baseline)",
+        # seen on the H200 (bf16, large logits): two runs on the same inputs differed in 8408
+        # grad_input elements by up to 1.5e-5 (cuBLAS's and the CE backward's reductions are not
+        # bit-reproducible on every path); its run-to-run spread is still checked
+        nondeterministic=True,
     )
 )
 

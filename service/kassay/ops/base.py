@@ -140,6 +140,11 @@ class Op(ABC):
             + 4 * self.unavoidable_bytes(params)
         )
 
+    def default_regime_ok(self, params: Any, regime: str) -> bool:
+        """Whether a suite that lists no regimes (and default coverage) runs `regime` at these
+        params; a regime listed explicitly always runs."""
+        return True
+
     def case_dtype(self, params: Any) -> str:
         """The dtype that names a case in tables (the params' `dtype` field by default)."""
         return str(getattr(params, "dtype", "float32"))

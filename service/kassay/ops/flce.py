@@ -118,6 +118,14 @@ class FlceOp(Op):
         grads64 = (p.N * p.H + p.V * p.H + p.V) * 8
         return grads64 + (p.V * p.H + p.N * p.H) * 8 + REF_CHUNK_BYTES
 
+    def default_regime_ok(self, params: FlceParams, regime: str) -> bool:
+        # Logits of |z| ~ 1e3 computed in bfloat16/float16 carry a rounding of several units:
+        # every eager implementation's gradients are off by several % there (torch bf16: 8% on
+        # the H200), a property of 16-bit logits, not a bug. Asked for explicitly, it runs (and
+        # a baseline that far off is reported baseline_suspect).
+        compute = params.autocast if params.autocast != "none" else params.dtype
+        return not (regime == "large_logits" and compute in ("bfloat16", "float16"))
+
     def case_dtype(self, params: FlceParams) -> str:
         return params.dtype if params.autocast == "none" else f"amp-{params.autocast}"
 

@@ -315,11 +315,16 @@ def expand(
                 params = op.parse_params(point).model_dump()
             except ValidationError as exc:
                 err = spec_error(exc, ("suites", si, "params"))
-                err.message = f"{err.message} (grid point {point})"
+                shown = json.dumps(point, default=str)
+                shown = shown if len(shown) <= 300 else shown[:300] + " ..."
+                err.message = f"{err.message} (grid point {shown})"
                 err.args = (err.message,)
                 raise err from None
             points.append(params)
+            parsed = op.parse_params(params)
             for regime in regimes:
+                if suite.regimes is None and not op.default_regime_ok(parsed, regime):
+                    continue
                 for seed in suite.seeds:
                     groups.append(
                         GroupSpec(
@@ -367,9 +372,12 @@ def _coverage_groups(
     out = []
     for raw, regime, note in coverage_points(op.name, points, regimes, tuple(op.regimes)):
         try:
-            params = op.parse_params(raw).model_dump()
+            parsed = op.parse_params(raw)
         except ValidationError:
             continue  # an edge point this op's params reject (e.g. ignore_index inside V)
+        if regime not in regimes and not op.default_regime_ok(parsed, regime):
+            continue
+        params = parsed.model_dump()
         key = (json.dumps(params, sort_keys=True), regime)
         if key in seen:
             continue

@@ -340,3 +340,23 @@ def _time_cpu(fn: Callable[[], object], policy: TimingPolicy) -> TimingStats:
     out.wall_median_ms = out.median_ms
     out.host_overhead_ms = 0.0
     return out
+
+
+def profiler_device_ms(fn: Callable[[], object], reps: int = 20) -> float:
+    """The reference the engine's device time is checked against: the mean per call of the
+    summed durations of the device activities (kernels, memcpy, memset) that torch.profiler
+    (CUPTI) records while `fn` runs `reps` times. Used by the GPU tests and
+    bench/timing_fidelity.py."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(
+        e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA
+    )
+    return total_us / reps / 1e3
