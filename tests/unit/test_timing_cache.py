@@ -84,9 +84,15 @@ def test_the_cache_keeps_pristine_copies_within_its_cap() -> None:
     again, ref2, hit = cache.get_or_make("a", CPU, make(7.0))
     assert hit and again["x"].tolist() == [1.0] * 5 and ref2["y"].tolist() == [-1.0] * 5
     cache.get_or_make("b", CPU, make(2.0))
-    cache.get_or_make("c", CPU, make(3.0))  # over the cap: "a", used least recently, goes
+    cache.get_or_make("c", CPU, make(3.0))  # full, nothing idle long enough: "c" is not kept
     assert cache.held_bytes <= cache.cap_bytes
-    assert not cache.get_or_make("a", CPU, make(1.0))[2]
+    assert cache.get_or_make("a", CPU, make(1.0))[2] and cache.get_or_make("b", CPU, make(2.0))[2]
+    assert not cache.get_or_make("c", CPU, make(3.0))[2]
+    cache._used["a"] -= 10_000  # "a" idle past IDLE_EVICT_S: it makes room for "c"
+    cache.get_or_make("c", CPU, make(3.0))
+    assert (
+        cache.get_or_make("c", CPU, make(3.0))[2] and not cache.get_or_make("a", CPU, make(1.0))[2]
+    )
     off = ReferenceCache(cap_bytes=0)
     off.get_or_make("a", CPU, make(1.0))
     assert not off.get_or_make("a", CPU, make(1.0))[2] and off.held_bytes == 0

@@ -7,12 +7,18 @@ params, regime, seed, device kind and kassay version — as host copies taken be
 touches the inputs (so an impl that scribbles on its inputs cannot poison the cache), least
 recently used first out, within `KASSAY_REFERENCE_CACHE_BYTES` (0 turns the cache off). A hit
 copies the tensors back to the device.
+
+Eviction: a CI grid is a sequential scan, and a scan larger than the cache gets no hit at all
+under plain LRU (every entry is evicted just before its turn comes again). So an entry makes
+room only by evicting entries idle for more than IDLE_EVICT_S; when nothing is that old, the
+new entry is not kept, and a repeated grid hits on the part that fits.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -21,6 +27,9 @@ import torch
 from kassay import __version__
 
 Tensors = dict[str, torch.Tensor]
+
+#: an entry unused for this long may be evicted to make room
+IDLE_EVICT_S = 600.0
 
 
 def _nbytes(ts: Tensors) -> int:
@@ -50,6 +59,7 @@ class ReferenceCache:
         self.hits = 0
         self.misses = 0
         self._entries: OrderedDict[str, tuple[Tensors, Tensors, int]] = OrderedDict()
+        self._used: dict[str, float] = {}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -71,6 +81,7 @@ class ReferenceCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
+                self._used[key] = time.monotonic()
                 self.hits += 1
         if entry is not None:
             return _device(entry[0], device), _device(entry[1], device), True
@@ -79,14 +90,22 @@ class ReferenceCache:
             self.misses += 1
         size = _nbytes(inputs) + _nbytes(ref)
         if 0 < size <= self.cap_bytes:
-            host = (_host(inputs), _host(ref), size)
             with self._lock:
-                if key not in self._entries:
-                    self._entries[key] = host
-                    self.held_bytes += size
-                while self.held_bytes > self.cap_bytes and self._entries:
-                    _, (_, _, n) = self._entries.popitem(last=False)
-                    self.held_bytes -= n
+                now = time.monotonic()
+                for old in list(self._entries):  # least recently used first
+                    if self.held_bytes + size <= self.cap_bytes:
+                        break
+                    if now - self._used.get(old, 0.0) > IDLE_EVICT_S:
+                        self.held_bytes -= self._entries.pop(old)[2]
+                        self._used.pop(old, None)
+                fits = self.held_bytes + size <= self.cap_bytes and key not in self._entries
+            if fits:
+                host = (_host(inputs), _host(ref), size)
+                with self._lock:
+                    if key not in self._entries and self.held_bytes + size <= self.cap_bytes:
+                        self._entries[key] = host
+                        self._used[key] = time.monotonic()
+                        self.held_bytes += size
         return inputs, ref, False
 
 
