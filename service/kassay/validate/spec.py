@@ -326,20 +326,7 @@ def expand(
                 if suite.regimes is None and not op.default_regime_ok(parsed, regime):
                     continue
                 for seed in suite.seeds:
-                    groups.append(
-                        GroupSpec(
-                            group_id=_group_id(op.name, params, regime, seed, si),
-                            suite_index=si,
-                            op=op.name,
-                            params=params,
-                            regime=regime,
-                            seed=seed,
-                            impls=list(suite.impls),
-                            baseline=suite.baseline,
-                            tolerance=suite.tolerance,
-                            timing=suite.timing,
-                        )
-                    )
+                    groups.append(_group(op.name, suite, si, params, regime, seed))
         if suite.coverage == "standard":
             groups += _coverage_groups(op, suite, si, points, regimes, groups)
     n_cov = sum(len(g.impls) for g in groups if g.coverage)
@@ -353,6 +340,32 @@ def expand(
     if len(set(ids)) != len(ids):
         raise InvalidSpecError("the grid repeats a point (same params, regime and seed twice)")
     return groups
+
+
+def _group(
+    op: str,
+    suite: Suite,
+    si: int,
+    params: dict[str, Any],
+    regime: str,
+    seed: int,
+    timing: TimingPolicy | None = None,
+    coverage: str = "",
+) -> GroupSpec:
+    """One input group of suite `si` at a validated params dump."""
+    return GroupSpec(
+        group_id=_group_id(op, params, regime, seed, si),
+        suite_index=si,
+        op=op,
+        params=params,
+        regime=regime,
+        seed=seed,
+        impls=list(suite.impls),
+        baseline=suite.baseline,
+        tolerance=suite.tolerance,
+        timing=timing if timing is not None else suite.timing,
+        coverage=coverage,
+    )
 
 
 def _coverage_groups(
@@ -383,18 +396,6 @@ def _coverage_groups(
             continue
         seen.add(key)
         out.append(
-            GroupSpec(
-                group_id=_group_id(op.name, params, regime, seed, si),
-                suite_index=si,
-                op=op.name,
-                params=params,
-                regime=regime,
-                seed=seed,
-                impls=list(suite.impls),
-                baseline=suite.baseline,
-                tolerance=suite.tolerance,
-                timing=TimingPolicy(enabled=False),
-                coverage=note,
-            )
+            _group(op.name, suite, si, params, regime, seed, TimingPolicy(enabled=False), note)
         )
     return out
