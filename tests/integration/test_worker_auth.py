@@ -387,7 +387,8 @@ def test_api_with_the_token_runs_jobs_and_workers_show_no_run_ids(
             error = info["last_error"] or ""
             time.sleep(0.3)
         assert info["state"] == "down" and "UNAUTHENTICATED" in error, info
-        assert httpx.get(f"{wrong.extra['url']}/readyz", timeout=5).status_code == 503
+        ready = httpx.get(f"{wrong.extra['url']}/readyz", timeout=5)
+        assert ready.status_code == 200 and ready.json()["workers_up"] == 0  # jobs would queue
     finally:
         _stop(api, wrong)
 
@@ -547,7 +548,8 @@ def test_kassay_serve_guards_its_worker_with_a_token_of_its_own(module_procs: An
         while not ready and time.monotonic() < deadline:
             assert serve.poll() is None, log.read_text(errors="replace")[-3000:]
             try:
-                ready = httpx.get(f"{url}/readyz", timeout=2).status_code == 200
+                r = httpx.get(f"{url}/readyz", timeout=2)
+                ready = r.status_code == 200 and r.json()["workers_up"] >= 1
             except httpx.HTTPError:
                 pass
             time.sleep(0.3)

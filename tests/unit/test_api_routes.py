@@ -255,11 +255,19 @@ def test_health_metrics_dashboard_docs(client):
     assert client.get("/v1/workers").json() == []
 
 
-def test_readyz_waits_for_a_worker(tmp_path):
+def test_readyz_is_the_database_not_the_workers(tmp_path):
+    # Jobs queue while no worker is up: the API is ready; the body says how many workers are.
     with _client(tmp_path, workers=["127.0.0.1:1"]) as c:
         r = c.get("/readyz")
-        assert r.status_code == 503 and r.json()["workers_up"] == 0
+        assert r.status_code == 200 and r.json()["workers_up"] == 0
         assert c.get("/v1/workers").json()[0]["state"] == "unknown"
+
+        def down() -> bool:
+            raise OSError("the database is gone")
+
+        c.app.state.services.store.ping = down
+        r = c.get("/readyz")
+        assert r.status_code == 503 and r.json()["database"] == "error: OSError"
 
 
 def test_admission_compares_with_free_device_memory(tmp_path):

@@ -243,7 +243,8 @@ class Embedded:
             if self.worker is not None and self.worker.poll() is not None:
                 return False
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200:
+                r = httpx.get(f"{self.url}/readyz", timeout=2.0)
+                if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:
                     return True
             except httpx.HTTPError:
                 pass

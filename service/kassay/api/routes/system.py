@@ -46,11 +46,12 @@ _READY_BODY = {
     tags=["health"],
     responses={
         200: {"description": "ready", "content": _READY_BODY},
-        503: {"description": "not ready (the body says why)", "content": _READY_BODY},
+        503: {"description": "the database does not answer", "content": _READY_BODY},
     },
 )
 async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
-    """Readiness: the database answers and, when workers are configured, at least one is up."""
+    """Readiness: the database answers. Workers do not decide it (a job sent while none is up
+    queues until one is); their count is in the body, their state in /v1/workers."""
     body: dict[str, Any] = {
         "database": "ok",
         "workers_up": svc.dispatcher.workers_up(),
@@ -61,8 +62,6 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
         await run_in_threadpool(svc.store.ping)
     except Exception as exc:
         body["database"] = f"error: {type(exc).__name__}"
-        ready = False
-    if svc.settings.workers and body["workers_up"] == 0:
         ready = False
     body["status"] = "ready" if ready else "not ready"
     return JSONResponse(body, status_code=200 if ready else 503)
