@@ -11,7 +11,6 @@ import torch
 from kassay.validate.spec import TimingPolicy
 from kassay.validate.timing import time_call
 
-
 #: What the environment record says of how `ceilings` were measured.
 CEILINGS_METHOD = (
     "matmul: 8192^3 bf16 (512^3 fp32 on the CPU) on random normal data (zero operands draw "

@@ -33,6 +33,9 @@ LabelValue = Annotated[str, Field(max_length=1000)]
 MAX_LABELS = 64
 #: seeds travel as int64
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
+#: an artifact (code a job brings) by the sha256 of its bytes, lowercase hex
+Digest = Annotated[str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
+MAX_ARTIFACTS = 16
 
 
 class TolerancePolicy(BaseModel):
@@ -102,6 +105,20 @@ class JobSpec(BaseModel):
         description="end the job (unfinished cases: timeout) this long after submission; the "
         "server's KASSAY_MAX_JOB_S caps it",
     )
+    artifacts: list[Digest] = Field(
+        default_factory=list,
+        max_length=MAX_ARTIFACTS,
+        description="sha256 digests of uploaded artifacts (POST /v1/artifacts) whose "
+        "`kassay.impls` entry points provide impls to this job; they run only in a sandboxed "
+        "executor, and submitting them needs the `code` scope",
+    )
+
+    @field_validator("artifacts")
+    @classmethod
+    def _unique_artifacts(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("artifacts must not repeat a digest")
+        return v
 
 
 class GroupSpec(BaseModel):
@@ -119,6 +136,8 @@ class GroupSpec(BaseModel):
     baseline: str = "torch"
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
+    #: the job's artifacts: this group runs only in a sandboxed executor that loaded them
+    artifacts: list[Digest] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
 
     def case_ids(self) -> list[str]:
         return [case_id(self.group_id, impl) for impl in self.impls]
@@ -266,6 +285,7 @@ def expand(
                             baseline=suite.baseline,
                             tolerance=suite.tolerance,
                             timing=suite.timing,
+                            artifacts=list(spec.artifacts),
                         )
                     )
     ids = [g.group_id for g in groups]

@@ -159,6 +159,7 @@ def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
         seed=group.seed,
         impls=list(group.impls),
         baseline=group.baseline,
+        artifacts=list(group.artifacts),
     )
     set_params(msg, group.op, group.params)
     fill(msg.tolerance, group.tolerance.model_dump(), ("tolerance",))
@@ -198,6 +199,7 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
             "baseline": msg.baseline or "torch",
             "tolerance": tolerance,
             "timing": timing,
+            "artifacts": list(msg.artifacts),
         },
         loc,
     )

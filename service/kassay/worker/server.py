@@ -4,6 +4,10 @@ Health (service "" and "kassay.v1.Worker") is SERVING while the executor is up, 
 it starts or restarts and for good once shutdown begins. SIGTERM/SIGINT drain the worker: new Run
 calls are refused (UNAVAILABLE), the running case finishes, every other case of the queued groups
 is handed back in GroupDone.not_run, the streams end, then the process exits 0.
+
+Artifacts (code a job brings) arrive through PutArtifact, are checked against their sha256 and
+kept in the artifact cache; groups that name them run only in sandboxed executors
+(kassay.worker.sandbox), and Describe says what that sandbox stops on this host.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -26,13 +31,20 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from kassay import __version__
-from kassay.errors import InvalidSpecError, UnknownImplError, WorkerUnavailableError
+from kassay.errors import (
+    ConflictError,
+    InvalidSpecError,
+    UnknownImplError,
+    WorkerUnavailableError,
+)
 from kassay.v1 import worker_pb2 as pb
 from kassay.v1 import worker_pb2_grpc
 from kassay.validate.results import CaseResult
 from kassay.validate.spec import GroupSpec
 from kassay.worker import convert
+from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor
+from kassay.worker.sandbox import SandboxConfig
 from kassay.worker.supervisor import ExecutorStartError, RunHandle, Supervisor
 
 log = logging.getLogger(__name__)
@@ -49,6 +61,10 @@ class WorkerConfig:
     case_timeout_s: float = 300.0
     start_timeout_s: float = 120.0
     shutdown_grace_s: float = 30.0
+    #: the artifact cache; None: this worker runs no artifacts
+    artifact_dir: str | None = None
+    max_artifact_bytes: int = 64 * 2**20
+    sandbox: SandboxConfig | None = None
 
 
 class _StreamSink:
@@ -129,7 +145,45 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         snap = self.sup.snapshot()
         snap["state"] = pb.ExecutorState.Value(f"EXECUTOR_STATE_{snap['state']}")
         convert.fill(resp.executor, snap)
+        convert.fill(resp.sandbox, self.sup.sandbox_info())
         return resp
+
+    # ----------------------------------------------------------------------------- Artifacts
+
+    def _cache(self) -> ArtifactCache:
+        if self.sup.artifacts is None:
+            raise ConflictError("this worker runs no artifacts (started without them)")
+        return self.sup.artifacts
+
+    async def ArtifactStatus(
+        self, request: pb.ArtifactStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ArtifactStatusResponse:
+        cache = self._cache()
+        missing = await asyncio.to_thread(cache.missing, list(request.digests))
+        return pb.ArtifactStatusResponse(missing=missing)
+
+    async def PutArtifact(
+        self, request_iterator: AsyncIterator[pb.ArtifactChunk], context: grpc.aio.ServicerContext
+    ) -> pb.ArtifactInfo:
+        cache = self._cache()
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.digest:
+            raise InvalidSpecError("the first chunk of an artifact must name its digest")
+        if first.size > cache.max_bytes:
+            raise InvalidSpecError(
+                f"artifact {first.digest[:12]} has {first.size} bytes; the limit is "
+                f"{cache.max_bytes}"
+            )
+        # The chunks are gathered here (at most max_bytes) and hashed and written in a thread.
+        chunks = [first.data]
+        size = len(first.data)
+        async for chunk in request_iterator:
+            size += len(chunk.data)
+            if size > cache.max_bytes:
+                raise InvalidSpecError(f"artifact {first.digest[:12]} is over its limit")
+            chunks.append(chunk.data)
+        n, existed = await asyncio.to_thread(cache.put, first.digest, first.filename, chunks)
+        return pb.ArtifactInfo(digest=first.digest, size=n, existed=existed)
 
     # ----------------------------------------------------------------------------------- Run
 
@@ -154,6 +208,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         "allowed": sorted(ops),
                     },
                 )
+            if g.artifacts:
+                if self.sup.artifacts is None:
+                    raise ConflictError(
+                        f"groups.{i}.artifacts: this worker runs no artifacts",
+                        details={"errors": [{"loc": [*loc, "artifacts"], "msg": "no artifacts"}]},
+                    )
+                missing = self.sup.artifacts.missing(g.artifacts)
+                if missing:
+                    raise ConflictError(
+                        f"groups.{i}.artifacts: this worker does not hold "
+                        f"{', '.join(missing)}; send them with PutArtifact first",
+                        details={"errors": [{"loc": [*loc, "artifacts"], "msg": "missing"}]},
+                    )
             if g.regime not in op["regimes"]:
                 raise InvalidSpecError(
                     f"groups.{i}.regime: op {g.op!r} has no regime {g.regime!r}; known "
@@ -169,6 +236,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     f"groups.{i}.impls: an impl is listed twice",
                     details={"errors": [{"loc": [*loc, "impls"], "msg": "duplicate impl"}]},
                 )
+            if g.artifacts:  # its impls may come from the artifacts: checked once they load
+                continue
             for field, names in (("impls", g.impls), ("baseline", [g.baseline])):
                 for name in names:
                     if name not in known:
@@ -271,6 +340,12 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
         case_timeout_s=config.case_timeout_s,
         start_timeout_s=config.start_timeout_s,
         on_serving=on_serving,
+        artifacts=(
+            ArtifactCache(Path(config.artifact_dir), max_bytes=config.max_artifact_bytes)
+            if config.artifact_dir
+            else None
+        ),
+        sandbox_config=config.sandbox,
     )
     service = WorkerService(sup, config)
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)

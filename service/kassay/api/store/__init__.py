@@ -8,7 +8,8 @@ impls of a group that have no result yet.
 
 Three parts share one engine: `jobs` (job records), `queue` (the group queue: claims, leases,
 requeue, cancel) and `results` (case results, environments, reports). `Store` holds them and
-offers their methods under the names callers use.
+offers their methods under the names callers use; `artifacts` (the code jobs bring) is used
+as a part.
 
 Every method is synchronous and short; the async dispatcher calls them through a thread.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from kassay.api.store.artifacts import ArtifactRecord, Artifacts
 from kassay.api.store.database import make_engine, sqlite_file
 from kassay.api.store.jobs import ACTIVE_STATES, JOB_STATES, JobRecord, Jobs, body_hash, new_job_id
 from kassay.api.store.queue import Claim, GroupQueue
@@ -34,6 +36,7 @@ class Store:
         self.jobs = Jobs(self.engine, sqlite_file(url))
         self.results = Results(self.engine, self.jobs)
         self.queue = GroupQueue(self.engine, self.jobs, self.results)
+        self.artifacts = Artifacts(self.engine)
         # The parts' methods, bound here so that callers keep one object to talk to.
         self.create_job = self.jobs.create_job
         self.find_by_key = self.jobs.find_by_key
@@ -72,6 +75,8 @@ class Store:
 __all__ = [
     "ACTIVE_STATES",
     "JOB_STATES",
+    "ArtifactRecord",
+    "Artifacts",
     "Claim",
     "GroupQueue",
     "JobRecord",
