@@ -28,6 +28,7 @@ from kassay_client.errors import (
     WaitTimeoutError,
 )
 from kassay_client.models import (
+    Artifact,
     CaseResult,
     Job,
     JobEvent,
@@ -43,6 +44,7 @@ __all__ = [
     "APIError",
     "APIStatusError",
     "APITimeoutError",
+    "Artifact",
     "AsyncClient",
     "AuthenticationError",
     "BadRequestError",

@@ -37,6 +37,14 @@ def register(sub: Any) -> None:
         default=None,
         help="resubmitting with the same key returns the same job",
     )
+    p.add_argument(
+        "--artifact",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a wheel or .py module whose kassay.impls the job runs (uploaded first; repeat); "
+        "needs a token with the code scope",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the job and report it")
     _wait_args(p)
     p.set_defaults(func=cmd_submit)
@@ -321,8 +329,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(f"kassay: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
             return EXIT_ERROR
     with _client(args) as client:
+        digests = []
+        for path in args.artifact:
+            try:
+                art = client.artifacts.upload(path)
+            except OSError as exc:
+                print(f"kassay: cannot read {path}: {exc.strerror}", file=sys.stderr)
+                return EXIT_ERROR
+            print(
+                f"artifact {art.filename} sha256:{art.digest} ({art.size} bytes)", file=sys.stderr
+            )
+            digests.append(art.digest)
         job = client.jobs.create(
-            text, labels=_labels(args.label) or None, idempotency_key=args.idempotency_key
+            text,
+            labels=_labels(args.label) or None,
+            idempotency_key=args.idempotency_key,
+            artifacts=digests or None,
         )
         print(
             f"job {job.id} {job.state}: {job.progress.total} cases  "

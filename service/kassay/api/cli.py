@@ -2,7 +2,8 @@
 
 - api: the REST front end alone (workers from --worker or KASSAY_WORKERS).
 - serve: the embedded default for one machine: the API, one local worker subprocess on the best
-  device present (CUDA if any, else CPU) and SQLite under ./.kassay/.
+  device present (CUDA if any, else CPU) and SQLite under ./.kassay/. Jobs may bring code
+  (artifacts, run sandboxed) unless KASSAY_ALLOW_CODE=false.
 - demo: serve, then submit a spec through the SDK once ready and print the report; exits with
   the client's exit code, or keeps serving with --keep-serving until Ctrl-C.
 
@@ -195,6 +196,8 @@ class Embedded:
             or f"sqlite:///{self.data_dir / 'kassay.db'}",
             data_dir=self.data_dir,
             enable_test_impls=True if self.args.enable_test_impls else None,
+            # one machine: its user may bring code (sandboxed) unless told otherwise
+            allow_code=None if "KASSAY_ALLOW_CODE" in os.environ else True,
         )
         config = uvicorn.Config(
             create_app(settings),

@@ -1440,7 +1440,7 @@ class ImplInfo(_message.Message):
     BUG_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     kind: _builtins.str
-    """builtin | peer | plugin | mutant | testing"""
+    """builtin | peer | plugin | mutant | testing | artifact"""
     description: _builtins.str
     is_baseline: _builtins.bool
     """the op's default baseline (torch)"""

@@ -66,9 +66,10 @@ class SandboxedExecutor:
     """A sandboxed executor per attempt of one group with artifacts (see the module
     docstring)."""
 
-    def __init__(self, sup: Supervisor, group: GroupSpec) -> None:
+    def __init__(self, sup: Supervisor, group: GroupSpec, *, include_mutants: bool = False) -> None:
         self.sup = sup
         self.group = group
+        self.include_mutants = include_mutants
         self.exe: ExecutorProcess | None = None
         self.workdir: str | None = None
         self._paths: dict[str, str] | None = None
@@ -125,7 +126,11 @@ class SandboxedExecutor:
     def _check_impls(self, info: dict[str, Any], short: str) -> None:
         """Every impl the group names must exist once the artifacts are loaded."""
         ops = {o["name"]: o for o in info.get("ops", [])}
-        found = [i["name"] for i in ops.get(self.group.op, {}).get("impls", [])]
+        found = [
+            i["name"]
+            for i in ops.get(self.group.op, {}).get("impls", [])
+            if self.include_mutants or i.get("kind") != "mutant"
+        ]
         missing = [n for n in [*self.group.impls, self.group.baseline] if n not in found]
         if missing:
             errors: list[Any] = list(info.get("artifact_errors") or [])

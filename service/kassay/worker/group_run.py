@@ -86,7 +86,9 @@ class GroupRun:
         self.started_at = self.t0
         self.deadline = self.t0 + self.timeout
         self.source: ExecutorSource = (
-            SandboxedExecutor(sup, item.group) if item.group.artifacts else SharedExecutor(sup)
+            SandboxedExecutor(sup, item.group, include_mutants=item.run.include_mutants)
+            if item.group.artifacts
+            else SharedExecutor(sup)
         )
 
     # --------------------------------------------------------------------------- the group

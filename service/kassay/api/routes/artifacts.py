@@ -26,7 +26,7 @@ DigestPath = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="sha256,
     "",
     status_code=201,
     response_model=Artifact,
-    responses={**_ERRORS, 200: {"model": Artifact, "description": "already stored"}},
+    responses=_ERRORS,
     dependencies=[Depends(require_code)],
     openapi_extra={
         "requestBody": {
@@ -52,7 +52,8 @@ async def upload_artifact(
         ),
     ],
 ) -> Artifact:
-    """Store a wheel or a single-module .py file by its sha256 (413 past
+    """Store a wheel or a single-module .py file by its sha256 (201; 200 with the stored record
+    when the same bytes were uploaded before; 413 past
     KASSAY_MAX_ARTIFACT_BYTES; 422 when it is not a wheel or module kassay can load impls
     from). A job names it in `artifacts`."""
     data = await _read_body(request, svc.settings.max_artifact_bytes)
