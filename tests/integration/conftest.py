@@ -95,7 +95,14 @@ class Proc:
             return ""
 
 
-def start_worker(tmp: Path, *, port: int | None = None, name: str = "worker") -> Proc:
+def start_worker(
+    tmp: Path,
+    *,
+    port: int | None = None,
+    name: str = "worker",
+    env: dict[str, str] | None = None,
+    case_timeout_s: float = CASE_TIMEOUT_S,
+) -> Proc:
     port = port or free_port()
     proc = Proc(
         name,
@@ -107,12 +114,12 @@ def start_worker(tmp: Path, *, port: int | None = None, name: str = "worker") ->
             "cpu",
             "--enable-test-impls",
             "--case-timeout",
-            str(CASE_TIMEOUT_S),
+            str(case_timeout_s),
             "--worker-id",
             name,
         ],
         tmp / f"{name}.log",
-        _env(),
+        _env(env),
     )
     proc.extra["address"] = f"127.0.0.1:{port}"
     return proc.start()
@@ -258,3 +265,9 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
 @pytest.fixture
 def read_token() -> str:
     return READ_TOKEN
+
+
+@pytest.fixture(scope="module")
+def module_procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    """Procs whose processes a whole test module shares."""
+    yield Procs(tmp_path_factory.mktemp("procs"))

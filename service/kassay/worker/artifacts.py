@@ -77,7 +77,7 @@ class ArtifactCache:
         d = self._dir(digest)
         if not d.is_dir():
             return None
-        files = [p for p in d.iterdir() if p.is_file()]
+        files = [p for p in d.iterdir() if p.is_file() and p.suffix in (".whl", ".py")]
         return files[0] if len(files) == 1 else None
 
     def has(self, digest: str) -> bool:

@@ -268,6 +268,9 @@ class Supervisor:
                 f"the executor did not start within {self.start_timeout_s:g} s"
             ) from None
         if msg is None or msg.get("type") != "ready":
+            if msg is None:  # its pipe closed: let it finish dying, to report how it died
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(exe.proc.wait(), 5.0)
             rc = await exe.kill()
             why = msg.get("error") if msg else f"{describe_exit(rc)}; {exe.tail(4)}"
             raise ExecutorStartError(f"the executor failed to start: {why}")
