@@ -245,6 +245,7 @@ def test_a_wheel_built_here_runs_next_to_torch(code_stack: CodeStack) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"sha256:{first.digest}" in done.stderr
     assert 'failures="0"' in junit.read_text() and "example_merge" in md.read_text()
+    assert f"code brought by the job: sha256 {first.digest[:16]}" in md.read_text()
 
     with code_stack.client() as kc:
         (job,) = kc.jobs.list(limit=1).items

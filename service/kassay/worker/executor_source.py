@@ -109,7 +109,14 @@ class SandboxedExecutor:
         self.workdir = self._fresh_workdir()
         from dataclasses import replace
 
-        config = replace(self.sup.sandbox_config, workdir=self.workdir)
+        caps = self.sup.sandbox_caps
+        config = replace(
+            self.sup.sandbox_config,
+            workdir=self.workdir,
+            # only what the host was seen to allow (a container may refuse namespaces)
+            namespaces=bool(caps and caps.namespaces) and self.sup.sandbox_config.namespaces,
+            landlock=bool(caps and caps.landlock_abi) and self.sup.sandbox_config.landlock,
+        )
         short = ", ".join(d[:12] for d in self.group.artifacts)
         try:
             exe, info = await self.sup.spawn_ready(sandbox=config, artifacts=self._paths)
