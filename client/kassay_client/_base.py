@@ -143,11 +143,7 @@ def list_params(
         params.append(("name", name))
     if cursor:
         params.append(("cursor", cursor))
-    if isinstance(labels, Mapping):
-        params += [("label", f"{k}={v}") for k, v in labels.items()]
-    elif labels:
-        params += [("label", item) for item in labels]
-    return params
+    return params + [("label", item) for item in _label_items(labels)]
 
 
 REPORT_MEDIA = {
@@ -164,3 +160,40 @@ def request_of(exc: httpx.RequestError) -> httpx.Request | None:
         return exc.request
     except RuntimeError:
         return None
+
+
+def compare_params(
+    to: str | None,
+    to_labels: Mapping[str, str] | Iterable[str] | None,
+    threshold: float | None,
+    format: str,
+) -> list[tuple[str, str]]:
+    """Query of GET /v1/jobs/{id}/compare. `threshold` is a fraction (0.03: 3%)."""
+    if format not in ("json", "markdown"):
+        raise ValueError("format must be json or markdown")
+    params: list[tuple[str, str]] = [("format", format)]
+    if to:
+        params.append(("to", to))
+    params += [("to_labels", item) for item in _label_items(to_labels)]
+    if threshold is not None:
+        params.append(("threshold", repr(float(threshold))))
+    return params
+
+
+def series_params(
+    key: str,
+    labels: Mapping[str, str] | Iterable[str] | None,
+    metric: str,
+    output: str | None,
+    limit: int,
+) -> list[tuple[str, str]]:
+    params: list[tuple[str, str]] = [("key", key), ("metric", metric), ("limit", str(limit))]
+    if output:
+        params.append(("output", output))
+    return params + [("labels", item) for item in _label_items(labels)]
+
+
+def _label_items(labels: Mapping[str, str] | Iterable[str] | None) -> list[str]:
+    if isinstance(labels, Mapping):
+        return [f"{k}={v}" for k, v in labels.items()]
+    return list(labels or [])

@@ -24,17 +24,28 @@ from kassay_client._base import (
     SSEParser,
     artifact_upload,
     backoff,
+    compare_params,
     default_headers,
     encode_spec,
     list_params,
     new_idempotency_key,
     request_of,
     resolve_base_url,
+    series_params,
     to_event,
 )
 from kassay_client.client import UNREACHABLE_GRACE_S, _check_deadline, _remaining
 from kassay_client.errors import APIConnectionError, APITimeoutError, status_error
-from kassay_client.models import Artifact, Job, JobEvent, JobPage, Report, Worker
+from kassay_client.models import (
+    Artifact,
+    Comparison,
+    Job,
+    JobEvent,
+    JobPage,
+    Report,
+    Series,
+    Worker,
+)
 
 AsyncEventCallback = Callable[[JobEvent], Awaitable[None] | None]
 
@@ -110,6 +121,22 @@ class AsyncClient:
                 continue
             raise status_error(response)
 
+    async def series(
+        self,
+        key: str,
+        *,
+        labels: Mapping[str, str] | Iterable[str] | None = None,
+        metric: str = "device_median_ms",
+        output: str | None = None,
+        limit: int = 100,
+    ) -> Series:
+        """A case key's metric (device_median_ms | rel_l2 | peak_bytes) over the last `limit`
+        finished jobs with `labels`, oldest first, each with its job's labels."""
+        r = await self.request(
+            "GET", "/v1/series", params=series_params(key, labels, metric, output, limit)
+        )
+        return Series.model_validate_json(r.content)
+
     async def health(self) -> bool:
         return (await self.request("GET", "/healthz")).status_code == 200
 
@@ -171,6 +198,48 @@ class AsyncJobs:
             headers={"Accept": REPORT_MEDIA[format]},
         )
         return Report.model_validate_json(r.content) if format == "json" else r.text
+
+    @overload
+    async def compare(
+        self,
+        job_id: str,
+        *,
+        to: str | None = None,
+        to_labels: Mapping[str, str] | Iterable[str] | None = None,
+        threshold: float | None = None,
+        format: Literal["json"] = "json",
+    ) -> Comparison: ...
+    @overload
+    async def compare(
+        self,
+        job_id: str,
+        *,
+        to: str | None = None,
+        to_labels: Mapping[str, str] | Iterable[str] | None = None,
+        threshold: float | None = None,
+        format: Literal["markdown"],
+    ) -> str: ...
+
+    async def compare(
+        self,
+        job_id: str,
+        *,
+        to: str | None = None,
+        to_labels: Mapping[str, str] | Iterable[str] | None = None,
+        threshold: float | None = None,
+        format: str = "json",
+    ) -> Comparison | str:
+        """The job against `to` (a job id) or the latest finished job with its name,
+        `to_labels` (e.g. {"branch": "main"}) and device kind; with neither, the verdict its
+        spec's compare_to asks for. `threshold`: a fraction (0.03: 3%) for suites that set none.
+        NotFoundError when no job matches, ConflictError when the jobs ran on different kinds
+        of device."""
+        r = await self._c.request(
+            "GET",
+            f"/v1/jobs/{job_id}/compare",
+            params=compare_params(to, to_labels, threshold, format),
+        )
+        return Comparison.model_validate_json(r.content) if format == "json" else r.text
 
     async def cancel(self, job_id: str) -> Job:
         r = await self._c.request("POST", f"/v1/jobs/{job_id}/cancel")

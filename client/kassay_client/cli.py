@@ -1,4 +1,4 @@
-"""The client half of the `kassay` command: submit, wait, jobs, report, cancel.
+"""The client half of the `kassay` command: submit, wait, jobs, report, compare, cancel.
 
 Exit codes (what CI steps branch on):
     0  every case passed (unsupported and skipped cases do not count against it)
@@ -6,7 +6,10 @@ Exit codes (what CI steps branch on):
     2  some case errored, crashed or timed out; the job was cancelled or refused; a wait ran
        out of time; or the server answered with an error
     3  the server could not be reached
---server and --token default to $KASSAY_SERVER and $KASSAY_TOKEN.
+    4  with --fail-on-regression: the comparison found a regression (slower, less accurate,
+       more memory, newly failing) and nothing else went wrong
+When several apply, the first in 3, 2, 1, 4 wins. --server and --token default to
+$KASSAY_SERVER and $KASSAY_TOKEN.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from kassay_client import Client, Job, Report
 
-EXIT_PASSED, EXIT_FAILED, EXIT_ERROR, EXIT_UNREACHABLE = 0, 1, 2, 3
+EXIT_PASSED, EXIT_FAILED, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_REGRESSION = 0, 1, 2, 3, 4
 
 
 def register(sub: Any) -> None:
@@ -46,6 +49,23 @@ def register(sub: Any) -> None:
         "needs a token with the code scope",
     )
     p.add_argument("--wait", action="store_true", help="wait for the job and report it")
+    p.add_argument(
+        "--compare-to",
+        action="append",
+        default=[],
+        metavar="K=V|JOB_ID",
+        help="compare the job, once over, with the latest finished job of the same name with "
+        "these labels (repeat to AND; e.g. branch=main) on the same device kind, or with a job "
+        "id; sets the spec's compare_to, so the reports include the comparison",
+    )
+    p.add_argument(
+        "--regression-threshold",
+        type=_fraction,
+        default=None,
+        metavar="PCT",
+        help="slowdown (and memory growth) beyond which a significant change is a regression, "
+        "for suites that set none: 3%% or 0.03 (default 3%%)",
+    )
     _wait_args(p)
     p.set_defaults(func=cmd_submit)
 
@@ -54,6 +74,21 @@ def register(sub: Any) -> None:
     p.add_argument("job_id")
     _wait_args(p)
     p.set_defaults(func=cmd_wait)
+
+    p = sub.add_parser("compare", help="compare a job with an earlier one")
+    _server_args(p)
+    p.add_argument("job_id", help="the job to judge")
+    p.add_argument(
+        "to_job_id",
+        nargs="?",
+        help="the job to compare it with (else --to-labels, else its spec's compare_to)",
+    )
+    p.add_argument("--to-labels", action="append", default=[], metavar="K=V")
+    p.add_argument("--threshold", type=_fraction, default=None, metavar="PCT")
+    p.add_argument("--json", metavar="FILE", help="write the comparison as JSON here")
+    p.add_argument("--markdown", metavar="FILE", help="write the comparison as Markdown here")
+    p.add_argument("--fail-on-regression", action="store_true", help="exit 4 on a regression")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("jobs", help="list jobs on a kassay server")
     _server_args(p)
@@ -92,9 +127,27 @@ def _wait_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", metavar="FILE", help="write the Markdown report here")
     p.add_argument("--json", metavar="FILE", help="write the JSON report here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--fail-on-regression",
+        action="store_true",
+        help="exit 4 when the job's comparison (compare_to) finds a regression",
+    )
 
 
 # ------------------------------------------------------------------------------- helpers
+
+
+def _fraction(text: str) -> float:
+    """ "3%" or "0.03" -> 0.03."""
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a percentage (3%) or a fraction"
+        ) from None
+    if not 0 < value <= 10:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0 and at most 1000%")
+    return value
 
 
 def exit_code(job: Job) -> int:
@@ -303,17 +356,53 @@ def write_reports(
         print(f"wrote {fmt} report to {path}", file=sys.stderr)
 
 
+def _verdict(report: Report) -> str | None:
+    """One line on the report's comparison; None when the job asked for none."""
+    c = report.comparison
+    if c is None:
+        return None
+    s = c.summary
+    head = f"compared with {c.to_name} {c.to_job_id}"
+    if not c.regression:
+        return f"{head}: no regression ({s.compared} case keys in both)"
+    lines = [f"{head}: {s.regressions} regression(s)"]
+    for e in [e for e in c.cases if e.regression][:20]:
+        lines.append(f"  {e.op}.{e.impl} {e.case_id or e.to_case_id}: {'; '.join(e.reasons)}")
+    return "\n".join(lines)
+
+
 def finish(client: Client, job: Job, args: argparse.Namespace) -> int:
-    """Wait, print the summary table, write report files; the exit code."""
+    """Wait, print the summary table (and the comparison), write report files; the exit
+    code."""
     from rich.console import Console
 
     job = follow(client, job, timeout=args.timeout, quiet=args.quiet)
     report = client.jobs.report(job.id)
     Console().print(summary_table(report))
+    verdict = _verdict(report)
+    if verdict is not None:
+        print(verdict, file=sys.stderr)
+    else:
+        _note_no_comparison(client, job.id)
     write_reports(client, job.id, junit=args.junit, markdown=args.markdown, json_path=args.json)
     code = exit_code(job)
+    regressed = report.comparison is not None and report.comparison.regression
+    if code == EXIT_PASSED and regressed and getattr(args, "fail_on_regression", False):
+        code = EXIT_REGRESSION
     print(f"job {job.id} {job.state}: exit {code}", file=sys.stderr)
     return code
+
+
+def _note_no_comparison(client: Client, job_id: str) -> None:
+    """Say why a job whose spec asks for a comparison has none (e.g. no job on main yet)."""
+    from kassay_client.errors import NotFoundError, UnprocessableEntityError
+
+    try:
+        client.jobs.compare(job_id)
+    except NotFoundError as exc:
+        print(f"kassay: no comparison: {exc.message}", file=sys.stderr)
+    except UnprocessableEntityError:  # its spec asks for none
+        pass
 
 
 # ------------------------------------------------------------------------------ commands
@@ -328,6 +417,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"kassay: cannot read {args.spec}: {exc.strerror}", file=sys.stderr)
             return EXIT_ERROR
+    spec: str | dict[str, Any] = text
+    if args.compare_to or args.regression_threshold is not None:
+        spec = _with_compare_to(text, args.compare_to, args.regression_threshold)
     with _client(args) as client:
         digests = []
         for path in args.artifact:
@@ -341,7 +433,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             )
             digests.append(art.digest)
         job = client.jobs.create(
-            text,
+            spec,
             labels=_labels(args.label) or None,
             idempotency_key=args.idempotency_key,
             artifacts=digests or None,
@@ -355,6 +447,50 @@ def cmd_submit(args: argparse.Namespace) -> int:
             print(job.id)
             return EXIT_PASSED
         return finish(client, job, args)
+
+
+def _with_compare_to(text: str, targets: list[str], threshold: float | None) -> dict[str, Any]:
+    """The spec with compare_to set from --compare-to (K=V labels, or one job id) and
+    --regression-threshold."""
+    import yaml
+
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise SystemExit("kassay: the job spec must be a mapping to add compare_to to it")
+    compare_to = dict(data.get("compare_to") or {})
+    ids = [t for t in targets if "=" not in t]
+    if len(ids) > 1 or (ids and len(ids) != len(targets)):
+        raise SystemExit("kassay: --compare-to takes one job id, or K=V labels")
+    if ids:
+        compare_to = {"job": ids[0], "threshold": compare_to.get("threshold")}
+    elif targets:
+        compare_to = {"labels": _labels(targets), "threshold": compare_to.get("threshold")}
+    if threshold is not None:
+        compare_to["threshold"] = threshold
+    data["compare_to"] = {k: v for k, v in compare_to.items() if v is not None}
+    return data
+
+
+@_guarded
+def cmd_compare(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        kw: dict[str, Any] = {
+            "to": args.to_job_id,
+            "to_labels": _labels(args.to_labels) or None,
+            "threshold": args.threshold,
+        }
+        comparison = client.jobs.compare(args.job_id, **kw)
+        markdown = client.jobs.compare(args.job_id, format="markdown", **kw)
+    sys.stdout.write(markdown)
+    if args.json:
+        Path(args.json).write_text(comparison.model_dump_json(indent=2))
+        print(f"wrote the comparison as JSON to {args.json}", file=sys.stderr)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown)
+        print(f"wrote the comparison as Markdown to {args.markdown}", file=sys.stderr)
+    if comparison.regression and args.fail_on_regression:
+        return EXIT_REGRESSION
+    return EXIT_PASSED
 
 
 @_guarded

@@ -26,12 +26,14 @@ from kassay_client._base import (
     SSEParser,
     artifact_upload,
     backoff,
+    compare_params,
     default_headers,
     encode_spec,
     list_params,
     new_idempotency_key,
     request_of,
     resolve_base_url,
+    series_params,
     to_event,
 )
 from kassay_client.errors import (
@@ -40,7 +42,16 @@ from kassay_client.errors import (
     WaitTimeoutError,
     status_error,
 )
-from kassay_client.models import Artifact, Job, JobEvent, JobPage, Report, Worker
+from kassay_client.models import (
+    Artifact,
+    Comparison,
+    Job,
+    JobEvent,
+    JobPage,
+    Report,
+    Series,
+    Worker,
+)
 
 EventCallback = Callable[[JobEvent], None]
 #: how long wait() keeps trying while the server is unreachable (e.g. restarting)
@@ -120,6 +131,22 @@ class Client:
                 attempt += 1
                 continue
             raise status_error(response)
+
+    def series(
+        self,
+        key: str,
+        *,
+        labels: Mapping[str, str] | Iterable[str] | None = None,
+        metric: str = "device_median_ms",
+        output: str | None = None,
+        limit: int = 100,
+    ) -> Series:
+        """A case key's metric (device_median_ms | rel_l2 | peak_bytes) over the last `limit`
+        finished jobs with `labels`, oldest first, each with its job's labels."""
+        r = self.request(
+            "GET", "/v1/series", params=series_params(key, labels, metric, output, limit)
+        )
+        return Series.model_validate_json(r.content)
 
     def health(self) -> bool:
         """True when /healthz answers 200."""
@@ -209,6 +236,48 @@ class Jobs:
             headers={"Accept": REPORT_MEDIA[format]},
         )
         return Report.model_validate_json(r.content) if format == "json" else r.text
+
+    @overload
+    def compare(
+        self,
+        job_id: str,
+        *,
+        to: str | None = None,
+        to_labels: Mapping[str, str] | Iterable[str] | None = None,
+        threshold: float | None = None,
+        format: Literal["json"] = "json",
+    ) -> Comparison: ...
+    @overload
+    def compare(
+        self,
+        job_id: str,
+        *,
+        to: str | None = None,
+        to_labels: Mapping[str, str] | Iterable[str] | None = None,
+        threshold: float | None = None,
+        format: Literal["markdown"],
+    ) -> str: ...
+
+    def compare(
+        self,
+        job_id: str,
+        *,
+        to: str | None = None,
+        to_labels: Mapping[str, str] | Iterable[str] | None = None,
+        threshold: float | None = None,
+        format: str = "json",
+    ) -> Comparison | str:
+        """The job against `to` (a job id) or the latest finished job with its name,
+        `to_labels` (e.g. {"branch": "main"}) and device kind; with neither, the verdict its
+        spec's compare_to asks for. `threshold`: a fraction (0.03: 3%) for suites that set none.
+        NotFoundError when no job matches, ConflictError when the jobs ran on different kinds
+        of device."""
+        r = self._c.request(
+            "GET",
+            f"/v1/jobs/{job_id}/compare",
+            params=compare_params(to, to_labels, threshold, format),
+        )
+        return Comparison.model_validate_json(r.content) if format == "json" else r.text
 
     def cancel(self, job_id: str) -> Job:
         r = self._c.request("POST", f"/v1/jobs/{job_id}/cancel")

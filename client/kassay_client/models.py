@@ -74,6 +74,8 @@ class CaseResult(_Model):
     worker: str | None = None
     device: str | None = None
     environment: dict[str, Any] | None = None
+    coverage: str = ""  # empty: a point of the job's grid; else why default coverage added it
+    flags: list[str] = Field(default_factory=list)  # baseline_suspect | nondeterministic | biased
 
 
 class Summary(_Model):
@@ -86,6 +88,90 @@ class Summary(_Model):
     unsupported: int = 0
     skipped: int = 0
     ok: bool = True
+    baseline_suspect: int = 0
+    nondeterministic: int = 0
+    biased: int = 0
+    added_by_coverage: int = 0
+
+
+class ComparisonSummary(_Model):
+    cases: int = 0
+    compared: int = 0
+    newly_failing: int = 0
+    fixed: int = 0
+    new: int = 0
+    missing: int = 0
+    slower: int = 0
+    faster: int = 0
+    less_accurate: int = 0
+    more_accurate: int = 0
+    more_memory: int = 0
+    less_memory: int = 0
+    regressions: int = 0
+
+
+class CaseComparison(_Model):
+    """One case key in either job; accuracy, speed and memory kept as the server sends them."""
+
+    key: str
+    op: str
+    impl: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    regime: str = "normal"
+    seed: int = 0
+    dtype: str = ""
+    device_kind: str = ""
+    case_id: str | None = None
+    to_case_id: str | None = None
+    status_before: str | None = None
+    status_after: str | None = None
+    status_change: str
+    accuracy: list[dict[str, Any]] = Field(default_factory=list)
+    speed: dict[str, Any] | None = None
+    memory: dict[str, Any] | None = None
+    regression: bool = False
+    reasons: list[str] = Field(default_factory=list)
+
+
+class Comparison(_Model):
+    """A job against an earlier one (GET /v1/jobs/{id}/compare)."""
+
+    job_id: str | None = None
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    to_job_id: str | None = None
+    to_name: str
+    to_labels: dict[str, str] = Field(default_factory=dict)
+    device_kinds: list[str] = Field(default_factory=list)
+    threshold: float = 0.03
+    confidence: float
+    regression: bool = False
+    summary: ComparisonSummary
+    cases: list[CaseComparison] = Field(default_factory=list)
+
+
+class SeriesPoint(_Model):
+    job_id: str
+    name: str
+    labels: dict[str, str] = Field(default_factory=dict)
+    created_at: datetime
+    finished_at: datetime | None = None
+    case_id: str
+    status: str
+    value: float | None = None
+    low: float | None = None
+    high: float | None = None
+    n: int | None = None
+
+
+class Series(_Model):
+    """A case key's metric over finished jobs, oldest first (GET /v1/series)."""
+
+    key: str
+    metric: str
+    output: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    points: list[SeriesPoint] = Field(default_factory=list)
 
 
 class Report(_Model):
@@ -101,6 +187,7 @@ class Report(_Model):
     environments: list[dict[str, Any]] = Field(default_factory=list)
     summary: Summary
     cases: list[CaseResult] = Field(default_factory=list)
+    comparison: Comparison | None = None
 
 
 class Worker(_Model):
@@ -140,12 +227,17 @@ class JobEvent(_Model):
 __all__ = [
     "FINAL_STATES",
     "Artifact",
+    "CaseComparison",
     "CaseResult",
+    "Comparison",
+    "ComparisonSummary",
     "Job",
     "JobEvent",
     "JobPage",
     "Progress",
     "Report",
+    "Series",
+    "SeriesPoint",
     "Summary",
     "Worker",
 ]

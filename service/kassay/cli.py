@@ -3,7 +3,7 @@
 - engine (this file and kassay.validate.cli): `run`, `selftest`
 - worker (kassay.worker.cli): `worker`
 - api (kassay.api.cli): `api`, `serve`, `demo`
-- client (kassay_client.cli): `submit`, `wait`, `report`, `jobs`, `cancel`
+- client (kassay_client.cli): `submit`, `wait`, `report`, `compare`, `jobs`, `cancel`
 
 Registration modules keep heavy imports (torch, grpc, fastapi) inside their command functions so
 that `kassay --help` and the client commands start fast.

@@ -68,6 +68,10 @@ class ConflictError(KassayError):
     grpc_code = "FAILED_PRECONDITION"
 
 
+class IncomparableError(ConflictError):
+    """Two jobs cannot be compared: they ran on different kinds of device."""
+
+
 class AuthError(KassayError):
     http_status = 401
     grpc_code = "UNAUTHENTICATED"

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 # A list setting read from the environment as "a,b,c" (or a JSON list).
@@ -39,6 +39,44 @@ class Settings(BaseSettings):
     )
     worker_shutdown_grace_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
+    )
+
+    # --- worker link: who may talk to a worker (see README "Security") ---
+    worker_token: SecretStr | None = Field(
+        None,
+        description="shared secret of the API and its workers: the worker refuses "
+        "kassay.v1.Worker calls without 'authorization: Bearer <it>', the API sends it",
+    )
+    worker_allow_unauthenticated: bool = Field(
+        False,
+        description="let a worker with no token and no mTLS listen on a non-loopback address",
+    )
+    worker_tls_cert: FilePath | None = Field(None, description="worker: server certificate (PEM)")
+    worker_tls_key: FilePath | None = Field(None, description="worker: its private key (PEM)")
+    worker_tls_client_ca: FilePath | None = Field(
+        None, description="worker: require client certificates signed by this CA (mTLS)"
+    )
+    worker_tls_ca: FilePath | None = Field(
+        None, description="API: talk TLS to the workers, trusting this CA (PEM)"
+    )
+    worker_tls_client_cert: FilePath | None = Field(
+        None, description="API: client certificate shown to the workers (mTLS)"
+    )
+    worker_tls_client_key: FilePath | None = Field(None, description="API: its private key")
+    worker_tls_server_name: str | None = Field(
+        None,
+        max_length=253,
+        description="API: the name the workers' certificates are checked against (default: "
+        "the host of each worker address)",
+    )
+    # --- worker: its own limits on what one Run may ask (the API's requests are capped too) ---
+    max_run_groups: int = Field(64, ge=1, le=10_000, description="groups in one Run call")
+    max_queued_groups: int = Field(
+        4096, ge=1, description="groups a worker holds queued at once, over all Run calls"
+    )
+    max_group_impls: int = Field(65, ge=1, le=1000, description="impls in one group")
+    max_timing_budget_s: float = Field(
+        60.0, gt=0, description="a case's timing budget is cut to this on the worker"
     )
 
     # --- api ---
@@ -137,6 +175,34 @@ class Settings(BaseSettings):
         if v not in ("auto", "cpu", "cuda") and not (v.startswith("cuda:") and v[5:].isdigit()):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {v!r}")
         return v
+
+    @field_validator("worker_token")
+    @classmethod
+    def _worker_token(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return None
+        text = v.get_secret_value()
+        # It travels as gRPC metadata: printable ASCII, no spaces; long enough not to guess.
+        if len(text) < 16 or len(text) > 4096:
+            raise ValueError("worker_token must be 16 to 4096 characters long")
+        if not all("!" <= ch <= "~" for ch in text):
+            raise ValueError("worker_token must be printable ASCII without spaces")
+        return v
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> Settings:
+        pairs = (
+            ("worker_tls_cert", "worker_tls_key"),
+            ("worker_tls_client_cert", "worker_tls_client_key"),
+        )
+        for a, b in pairs:
+            if (getattr(self, a) is None) != (getattr(self, b) is None):
+                raise ValueError(f"{a} and {b} go together: set both or neither")
+        if self.worker_tls_client_ca is not None and self.worker_tls_cert is None:
+            raise ValueError("worker_tls_client_ca (mTLS) needs worker_tls_cert and worker_tls_key")
+        if self.worker_tls_client_cert is not None and self.worker_tls_ca is None:
+            raise ValueError("worker_tls_client_cert (mTLS) needs worker_tls_ca")
+        return self
 
 
 @lru_cache(maxsize=1)

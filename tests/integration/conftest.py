@@ -100,16 +100,18 @@ def start_worker(
     *,
     port: int | None = None,
     name: str = "worker",
+    host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
     case_timeout_s: float = CASE_TIMEOUT_S,
 ) -> Proc:
+    """A CPU worker; `env` adds environment (KASSAY_* settings: the token, TLS files, caps)."""
     port = port or free_port()
     proc = Proc(
         name,
         [
             "worker",
             "--listen",
-            f"127.0.0.1:{port}",
+            f"{host}:{port}",
             "--device",
             "cpu",
             "--enable-test-impls",
@@ -262,12 +264,12 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
     yield Procs(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def module_procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
+    """Procs for processes a whole test module shares."""
+    yield Procs(tmp_path_factory.mktemp("module"))
+
+
 @pytest.fixture
 def read_token() -> str:
     return READ_TOKEN
-
-
-@pytest.fixture(scope="module")
-def module_procs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Procs]:
-    """Procs whose processes a whole test module shares."""
-    yield Procs(tmp_path_factory.mktemp("procs"))

@@ -20,6 +20,8 @@ SLOW = {
     "impls": ["torch", "ring_style"],
     "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
     "seeds": list(range(8)),
+    "regimes": ["normal"],
+    "coverage": "none",
     "timing": {
         "enabled": True,
         "warmup": 0,
@@ -39,6 +41,8 @@ def test_crash_hang_raise_fail_alone(client: Client) -> None:
                 "op": "lse_merge",
                 "impls": ["torch", "crash", "hang", "raise", "ring_style"],
                 "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
+                "regimes": ["normal"],
+                "coverage": "none",
                 "timing": {"enabled": False},
             }
         ],

@@ -21,12 +21,15 @@ LSE = {
     "impls": ["torch", "te_style"],
     "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3], "mode": "step"},
     "regimes": ["normal", "huge"],
+    "coverage": "none",
     "timing": {"enabled": False},
 }
 FLCE = {
     "op": "flce",
     "impls": ["torch", "kassay"],
     "params": {"N": 8, "H": 16, "V": 32, "dtype": "float32", "reduction": ["mean", "none"]},
+    "regimes": ["normal"],
+    "coverage": "none",
     "timing": {"enabled": False},
 }
 SPEC = {"name": "itest", "labels": {"repo": "kassay", "suite": "itest"}, "suites": [LSE, FLCE]}
@@ -118,7 +121,11 @@ def test_refusals(client: Client) -> None:
         )
     assert exc.value.code == "ResourceError"
     with pytest.raises(UnprocessableEntityError) as exc:
-        client.jobs.create({**SPEC, "suites": [{**LSE, "seeds": list(range(3000))}]})
+        # over the case cap (10000)
+        grid = {**LSE["params"], "T": [8, 16]}
+        client.jobs.create(
+            {**SPEC, "suites": [{**LSE, "params": grid, "seeds": list(range(1000))}]}
+        )
     assert exc.value.code == "CaseLimitError"
     with pytest.raises(PayloadTooLargeError):
         client.jobs.create("name: big\n" + "#" * 300_000)

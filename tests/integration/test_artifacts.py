@@ -1,6 +1,7 @@
 """Bring your own kernel, through the real API, worker and sandboxed executor: a kernel package's
 wheel built here is uploaded and run next to torch; hostile artifacts each fail only their own
-cases, leave the worker serving and leak nothing."""
+cases, leave the worker serving and leak nothing. The worker requires a token, so artifacts
+travel over the same authenticated channel as runs."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE_TOKEN = "itest-code"
+#: the API and the worker share it: artifacts reach the worker over the authenticated channel
+WORKER_TOKEN = "itest-byok-worker-token-" + secrets.token_hex(8)
 SECRET = "kassay-secret-" + secrets.token_hex(8)
 MAX_ARTIFACT_BYTES = 1_000_000
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
@@ -149,7 +152,11 @@ def code_stack(module_procs: Any) -> Iterator[CodeStack]:
             **secret_env,
             "KASSAY_SANDBOX_MEMORY_BYTES": str(1536 << 20),
             "KASSAY_SANDBOX_NPROC": "200",
+            "KASSAY_WORKER_TOKEN": WORKER_TOKEN,
         },
+        # h_memory fills 1.5 GiB before MemoryError (0.7 s alone, over 6 s on this shared
+        # 2-core box under a full test run): only h_spin should reach the timeout
+        case_timeout_s=15.0,
     )
     port = module_procs.free_port()
     api = module_procs.api(
@@ -160,6 +167,7 @@ def code_stack(module_procs: Any) -> Iterator[CodeStack]:
         code_tokens=CODE_TOKEN,
         max_artifact_bytes=str(MAX_ARTIFACT_BYTES),
         test_secret=SECRET,
+        worker_token=WORKER_TOKEN,
     )
     wheel = _build_wheel(tmp)
     try:
@@ -179,6 +187,9 @@ def _spec(impls: list[str], artifacts: list[str], **params: Any) -> dict[str, An
                 "op": "lse_merge",
                 "impls": impls,
                 "params": {"T": 16, "Hh": 2, "D": 32, "K": 3, "dtype": "float32", **params},
+                # an exact grid: each sandboxed group starts an executor of its own
+                "regimes": ["normal"],
+                "coverage": "none",
                 "timing": {"warmup": 0, "min_reps": 1, "max_reps": 2, "budget_s": 0.2},
             }
         ],
@@ -357,6 +368,7 @@ def test_hostile_artifacts_fail_only_their_own_cases(code_stack: CodeStack) -> N
         msg = {name: c.message for name, c in cases.items()}
         # the environment is scrubbed and the worker's /proc entries are out of reach
         assert "STOLEN" in msg["h_secrets"] and "KASSAY_TEST_SECRET" not in msg["h_secrets"]
+        assert WORKER_TOKEN not in msg["h_secrets"]  # nor the token that lets one run code
         # no network: Landlock refuses TCP before the empty network namespace would
         assert "Permission denied" in msg["h_connect"] or "unreachable" in msg["h_connect"]
         assert "inside: True; escaped to: []" in msg["h_write"]
@@ -367,7 +379,7 @@ def test_hostile_artifacts_fail_only_their_own_cases(code_stack: CodeStack) -> N
     assert not (outside / "escaped.txt").exists()
     assert not Path(f"/tmp/kassay-escaped-{code_stack.port}.txt").exists()
     for text in (md, code_stack.worker.tail(100_000), code_stack.api.tail(100_000)):
-        assert SECRET not in text
+        assert SECRET not in text and WORKER_TOKEN not in text
     deadline = time.monotonic() + 10
     while _sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.2)

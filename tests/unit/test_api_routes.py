@@ -21,6 +21,8 @@ SPEC = {
             "op": "lse_merge",
             "impls": ["torch", "te_style"],
             "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3]},
+            "regimes": ["normal"],
+            "coverage": "none",
             "timing": {"enabled": False},
         }
     ],
@@ -105,7 +107,15 @@ def test_impl_names_are_taken_on_trust_until_a_worker_is_described(client):
     # name is accepted; the dispatcher fails the group later if no worker offers it.
     body = {
         "name": "x",
-        "suites": [{"op": "lse_merge", "impls": ["mine"], "params": {"T": 8, "Hh": 2, "D": 4}}],
+        "suites": [
+            {
+                "op": "lse_merge",
+                "impls": ["mine"],
+                "params": {"T": 8, "Hh": 2, "D": 4},
+                "regimes": ["normal"],
+                "coverage": "none",
+            }
+        ],
     }
     assert client.post("/v1/jobs", json=body).status_code == 201
 

@@ -20,6 +20,8 @@ SPEC = {
             "op": "lse_merge",
             "impls": ["torch", "te_style"],
             "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "K": [2, 3]},
+            "regimes": ["normal"],
+            "coverage": "none",
             "timing": {"enabled": False},
         }
     ],

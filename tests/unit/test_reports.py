@@ -20,6 +20,8 @@ suites:
   - op: lse_merge
     impls: [torch, m_zeros, te_style]
     params: {T: 8, Hh: 2, D: 4, K: 2, dtype: float16, mode: [merge, step]}
+    regimes: [normal]
+    coverage: none
     timing: {enabled: false}
 """
 
@@ -68,3 +70,38 @@ def test_markdown_and_html(report: Report) -> None:
     assert page.startswith("<!doctype html>") and "m_zeros" in page
     with pytest.raises(ValueError, match="known: json, junit"):
         reports.render(report, "pdf")
+
+
+def test_flags_and_coverage_marks_reach_every_format() -> None:
+    from kassay.validate.results import CaseResult, Summary
+
+    cases = [
+        CaseResult(
+            case_id="g:torch",
+            group_id="g",
+            op="lse_merge",
+            impl="torch",
+            params={"T": 8},
+            regime="empty_rows",
+            seed=0,
+            dtype="float32",
+            status="failed",
+            message="out: baseline suspect: ...",
+            flags=["baseline_suspect"],
+            coverage="regime empty_rows",
+        )
+    ]
+    rep = Report(name="f", summary=Summary.of(cases), cases=cases)
+    assert rep.summary.baseline_suspect == 1 and rep.summary.added_by_coverage == 1
+    md = reports.render(rep, "markdown")
+    # Markdown escapes the brackets of sender-visible text; they render as [baseline_suspect]
+    assert "failed \\[baseline_suspect\\]" in md and "+coverage: regime empty_rows" in md
+    assert "1 baseline suspect" in md
+    assert "baseline_suspect" in reports.render(rep, "html")
+    junit = ET.fromstring(reports.render(rep, "junit").split("\n", 1)[1])
+    props = {p.get("name") for p in junit.iter("property")}
+    assert props == {"baseline_suspect", "added_by_coverage"}
+    assert next(junit.iter("failure")).get("type") == "baseline_suspect"
+    from kassay.validate.table import summary_table
+
+    assert "1 baseline suspect" in str(summary_table(rep).title)

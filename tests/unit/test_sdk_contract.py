@@ -140,6 +140,8 @@ ENDPOINTS: list[tuple[str, str, Any]] = [
     ("post", "/v1/artifacts", models.Artifact),
     ("get", "/v1/artifacts", list[models.Artifact]),
     ("get", "/v1/artifacts/{digest}", models.Artifact),
+    ("get", "/v1/jobs/{job_id}/compare", models.Comparison),
+    ("get", "/v1/series", models.Series),
 ]
 
 
@@ -169,16 +171,9 @@ def test_report_matches_the_published_report_schema() -> None:
 def test_every_sdk_model_is_checked() -> None:
     """A new response model in the SDK must be added to the checks above (or here, with why
     it has no counterpart in the API)."""
-    checked = {
-        "Artifact",
-        "Job",
-        "JobPage",
-        "Progress",
-        "Worker",
-        "Report",
-        "Summary",
-        "CaseResult",
-    }
+    checked = {"Artifact", "Job", "JobPage", "Progress", "Worker", "Report", "Summary"}
+    checked |= {"CaseResult", "Comparison", "ComparisonSummary", "CaseComparison", "Series"}
+    checked |= {"SeriesPoint"}
     sdk_only = {
         "JobEvent": "the SSE envelope: its `job` and `result` are checked as Job and Report"
     }

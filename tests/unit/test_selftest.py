@@ -1,25 +1,30 @@
 """The mutant corpus: every known bug is caught, no correct impl is flagged."""
 
 from kassay.impls import list_impls, load
-from kassay.validate.selftest import PROBES, run_selftest
+from kassay.validate.selftest import PLAIN_PROBES, PROBES, run_selftest
 
 
 def test_every_known_bug_has_a_mutant_with_a_probe() -> None:
     load(mutants=True)
     mutants = {(i.op, i.name) for i in list_impls(include_mutants=True) if i.kind == "mutant"}
-    assert {(p.op, p.mutant) for p in PROBES} == mutants
+    assert {(p.op, p.mutant) for p in (*PROBES, *PLAIN_PROBES)} == mutants
     bugs = {
         i.bug.split(":")[0]
         for i in list_impls(include_mutants=True)
         if i.kind == "mutant" and i.bug
     }
-    assert bugs == {str(n) for n in range(1, 11)}
+    assert bugs == {str(n) for n in range(1, 21)}
     assert not any(i.kind == "mutant" for i in list_impls())  # hidden by default
 
 
 def test_selftest_detects_all_and_flags_no_correct_impl() -> None:
     result = run_selftest(device="cpu")
-    assert result.line().startswith(f"detected {len(PROBES)}/{len(PROBES)} mutants")
+    n = len(PROBES) + len(PLAIN_PROBES)
+    assert result.line().startswith(f"detected {n}/{n} mutants"), [
+        (p.probe.mutant, [c.status for c in p.mutant_cases])
+        for p in result.probes
+        if not p.detected
+    ]
     assert result.n_false == 0, [
         (c.impl, c.message) for p in result.probes for c in p.false_failures
     ]

@@ -14,6 +14,7 @@ suites:
     params: {T: 16, Hh: 2, D: 8, K: [2, 3], dtype: [float32, float16]}
     regimes: [normal, huge]
     seeds: [0, 1]
+    coverage: none
 """
 
 
@@ -100,3 +101,90 @@ def test_flce_param_rules() -> None:
         expand(parse_spec(base + "ignore_index: 3}\n"))
     with pytest.raises(InvalidSpecError, match="greater than 0"):
         expand(parse_spec(base.replace("N: 4", "N: 0") + "dtype: float32}\n"))
+
+
+PLAIN = """
+name: plain
+suites:
+  - op: flce
+    impls: [torch]
+    params: {N: 64, H: 128, V: 256, dtype: float32}
+"""
+
+
+def test_a_plain_suite_runs_every_regime_and_adds_marked_coverage_points() -> None:
+    groups = expand(parse_spec(PLAIN))
+    grid = [g for g in groups if not g.coverage]
+    added = [g for g in groups if g.coverage]
+    assert sorted(g.regime for g in grid) == ["all_ignored", "large_logits", "normal"]
+    assert added and all(not g.timing.enabled for g in added)
+    notes = " | ".join(g.coverage for g in added)
+    for what in ("ragged sizes", "bias+softcap", "z-loss+label smoothing", "dims coincide",
+                 "long reduction"):  # fmt: skip
+        assert what in notes, notes
+    ragged = next(g for g in added if g.coverage.startswith("ragged"))
+    assert all(ragged.params[d] % 16 for d in ("N", "H", "V"))
+    assert ragged.params["ignore_fraction"] > 0  # ignored targets, though the user had none
+    keys = [(tuple(sorted(g.params.items())), g.regime) for g in groups]
+    assert len(set(keys)) == len(keys)  # nothing run twice
+
+
+def test_coverage_none_and_listed_regimes_keep_the_grid_alone() -> None:
+    spec = parse_spec(PLAIN.replace("float32}", "float32}\n    coverage: none"))
+    assert len(expand(spec)) == 3  # every regime, no added point
+    spec = parse_spec(
+        PLAIN.replace("float32}", "float32}\n    coverage: none\n    regimes: [normal]")
+    )
+    assert [g.regime for g in expand(spec)] == ["normal"]
+    # listed regimes with coverage on: the other regimes come back as added points
+    spec = parse_spec(PLAIN.replace("float32}", "float32}\n    regimes: [normal]"))
+    added = {g.regime for g in expand(spec) if g.coverage.startswith("regime")}
+    assert added == {"large_logits", "all_ignored"}
+
+
+def test_lse_merge_coverage_reaches_coinciding_dims_and_many_states() -> None:
+    spec = parse_spec(
+        "name: l\nsuites:\n  - op: lse_merge\n    impls: [torch]\n"
+        "    params: {T: 128, Hh: 4, D: 64, K: 2, dtype: float16}\n"
+    )
+    added = [g for g in expand(spec) if g.coverage]
+    assert any(g.params["T"] == g.params["Hh"] for g in added)
+    assert any(g.params["K"] == 64 for g in added)
+    assert {g.regime for g in added} >= {"normal"}
+    assert any(g.params["lse_layout"] == "Th" for g in added)
+
+
+def test_artifacts_reach_every_group_the_added_coverage_points_included() -> None:
+    digests = ["a" * 64, "0123456789abcdef" * 4]
+    spec = parse_spec({**_plain_dict(), "artifacts": digests})
+    groups = expand(spec)
+    assert any(g.coverage for g in groups)
+    # coverage groups run the suite's impls too, and those may come from the artifacts
+    assert all(g.artifacts == digests for g in groups)
+    assert all(not g.artifacts for g in expand(parse_spec(_plain_dict())))
+
+
+@pytest.mark.parametrize(
+    "artifacts",
+    [
+        ["A" * 64],  # upper-case hex
+        ["a" * 63],
+        ["g" * 64],
+        [1],  # not coerced: the spec models are strict
+        "a" * 64,  # one digest, not a list
+        ["a" * 64, "a" * 64],
+        [f"{i:064x}" for i in range(17)],  # over the cap
+    ],
+)
+def test_artifacts_are_lowercase_sha256_digests_in_a_bounded_list(artifacts: object) -> None:
+    with pytest.raises(InvalidSpecError, match="artifacts"):
+        parse_spec({**_plain_dict(), "artifacts": artifacts})
+
+
+def _plain_dict() -> dict[str, object]:
+    return {
+        "name": "p",
+        "suites": [
+            {"op": "flce", "impls": ["torch"], "params": {"N": 64, "H": 128, "V": 256}},
+        ],
+    }

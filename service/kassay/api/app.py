@@ -57,7 +57,7 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
     """Build the API. `dispatch=False` leaves the dispatcher idle (tests of the routes alone)."""
     from kassay.api.dispatcher import Dispatcher
-    from kassay.api.routes import artifacts, dashboard, jobs, system
+    from kassay.api.routes import artifacts, dashboard, history, jobs, system
 
     settings = settings or get_settings()
     metrics = ApiMetrics()
@@ -86,6 +86,10 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
         title="kassay",
         version=__version__,
         lifespan=lifespan,
+        # Served by _docs_routes under the read rule instead (FastAPI's own are always open).
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
         description="kassay (kernel assay): submit kernel-validation jobs, follow them, "
         "download their reports.",
     )
@@ -102,9 +106,47 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     app.include_router(jobs.router)
     app.include_router(artifacts.router)
     app.include_router(system.router)
+    app.include_router(history.router)
     app.include_router(dashboard.router)
     _publish_spec_schema(app)
+    _docs_routes(app)
     return app
+
+
+def _docs_routes(app: FastAPI) -> None:
+    """/openapi.json, /docs and /redoc as FastAPI serves them, but behind require_read: with
+    KASSAY_OPEN_READS=false they need a token like every other read (so does /metrics)."""
+    from fastapi import Depends
+    from fastapi.openapi.docs import (
+        get_redoc_html,
+        get_swagger_ui_html,
+        get_swagger_ui_oauth2_redirect_html,
+    )
+    from fastapi.responses import HTMLResponse
+
+    from kassay.api.auth import require_read
+
+    locked = [Depends(require_read)]
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=locked)
+    async def openapi_json() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=locked)
+    async def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} - Swagger UI",
+            oauth2_redirect_url="/docs/oauth2-redirect",
+        )
+
+    @app.get("/docs/oauth2-redirect", include_in_schema=False, dependencies=locked)
+    async def swagger_ui_redirect() -> HTMLResponse:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    @app.get("/redoc", include_in_schema=False, dependencies=locked)
+    async def redoc() -> HTMLResponse:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
 
 def _publish_spec_schema(app: FastAPI) -> None:

@@ -2,8 +2,9 @@
 
 - api: the REST front end alone (workers from --worker or KASSAY_WORKERS).
 - serve: the embedded default for one machine: the API, one local worker subprocess on the best
-  device present (CUDA if any, else CPU) and SQLite under ./.kassay/. Jobs may bring code
-  (artifacts, run sandboxed) unless KASSAY_ALLOW_CODE=false.
+  device present (CUDA if any, else CPU) and SQLite under ./.kassay/. The two share a random
+  worker token made at start; their link stays on loopback, so it needs no TLS. Jobs may bring
+  code (artifacts, run sandboxed) unless KASSAY_ALLOW_CODE=false.
 - demo: serve, then submit a spec through the SDK once ready and print the report; exits with
   the client's exit code, or keeps serving with --keep-serving until Ctrl-C.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -136,6 +138,9 @@ class Embedded:
         self._worker_started = 0.0
         self._stopping = threading.Event()
         self._watchdog: threading.Thread | None = None
+        # The local worker takes calls only with this token (other users of the host can reach
+        # its loopback port); it reaches the worker through its environment, not its argv.
+        self.worker_token = os.environ.get("KASSAY_WORKER_TOKEN") or secrets.token_urlsafe(32)
 
     def start_worker(self) -> None:
         cmd = [
@@ -150,9 +155,10 @@ class Embedded:
         ]
         if self.args.enable_test_impls:
             cmd.append("--enable-test-impls")
+        env = {**os.environ, "KASSAY_WORKER_TOKEN": self.worker_token}
         with open(self.data_dir / "worker.log", "ab") as log:
             self.worker = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
             )
         self._worker_started = time.monotonic()
 
@@ -196,6 +202,7 @@ class Embedded:
             or f"sqlite:///{self.data_dir / 'kassay.db'}",
             data_dir=self.data_dir,
             enable_test_impls=True if self.args.enable_test_impls else None,
+            worker_token=self.worker_token,
             # one machine: its user may bring code (sandboxed) unless told otherwise
             allow_code=None if "KASSAY_ALLOW_CODE" in os.environ else True,
         )

@@ -190,10 +190,11 @@ class Dispatcher:
     # ------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        import grpc
+        from kassay.api.worker_channel import channel_credentials, open_channel
 
+        creds = channel_credentials(self.settings)  # TLS and the worker token (or None)
         for link in self.links:
-            link.channel = grpc.aio.insecure_channel(link.address, options=_CHANNEL_OPTIONS)
+            link.channel = open_channel(link.address, self.settings, _CHANNEL_OPTIONS, creds)
             from kassay.v1 import worker_pb2_grpc
 
             link.stub = worker_pb2_grpc.WorkerStub(link.channel)
@@ -328,7 +329,10 @@ class Dispatcher:
 
         job_id = claims[0].job_id
         first = claims[0]
-        run_id = f"{job_id}/{first.group.group_id}/{first.attempt}+{len(claims)}"
+        # The random tail keeps run ids unguessable from what reads show (job and group ids).
+        run_id = (
+            f"{job_id}/{first.group.group_id}/{first.attempt}+{len(claims)}/{secrets.token_hex(8)}"
+        )
         self.metrics.groups_dispatched.inc(len(claims))
         log.info(
             "%d group(s) of %s -> %s (first %s, attempt %d)",

@@ -81,7 +81,11 @@ class WorkerInfo(BaseModel):
     device_name: str | None = None
     memory_bytes: int | None = None
     ops: dict[str, list[str]] = Field(default_factory=dict, description="op -> impl names")
-    running: list[str] = Field(default_factory=list, description="job_id/group_id in flight")
+    running: list[str] = Field(
+        default_factory=list,
+        description="job_id/group_id in flight (never the run ids the worker knows them by: "
+        "those stay between the API and its workers)",
+    )
     last_seen: datetime | None = None
     last_error: str | None = None
     environment: dict[str, Any] | None = None
@@ -121,3 +125,31 @@ class ErrorBody(BaseModel):
     error: str
     message: str
     details: dict[str, Any] = Field(default_factory=dict)
+
+
+class SeriesPoint(BaseModel):
+    """One job's value of a case key's metric."""
+
+    job_id: str
+    name: str
+    labels: dict[str, str] = Field(description="the job's labels (commit, branch, ...)")
+    created_at: datetime
+    finished_at: datetime | None = None
+    case_id: str
+    status: str
+    value: float | None = Field(None, description="absent when the case has no such value")
+    low: float | None = Field(None, description="device_median_ms: the p10 of the samples")
+    high: float | None = Field(None, description="device_median_ms: the p90 of the samples")
+    n: int | None = Field(None, description="device_median_ms: repetitions")
+
+
+class Series(BaseModel):
+    """A case key's metric over finished jobs, oldest first."""
+
+    key: str
+    metric: str
+    output: str | None = Field(
+        None, description="rel_l2: the output; absent: the largest of the case's outputs"
+    )
+    labels: dict[str, str] = Field(description="the label filter")
+    points: list[SeriesPoint]

@@ -4,6 +4,11 @@ artifacts code jobs bring and which job named which.
 Times are float epoch seconds (portable across SQLite and PostgreSQL, cheap to compare).
 A case row exists from submission on; its status and result fill in when the worker reports it,
 so an unfinished case is a row whose status is NULL.
+
+History (added after the first schema, as new tables so that an existing database gains them
+with create_all): `case_keys` indexes every case result by its case key (kassay.validate.compare)
+for the series of one case over jobs; `comparisons` records the verdict of a job whose spec
+asks for a comparison (compare_to).
 """
 
 from __future__ import annotations
@@ -111,4 +116,24 @@ job_artifacts = Table(
     Column("digest", String(64), ForeignKey("artifacts.digest"), primary_key=True),
     Column("idx", Integer, nullable=False),
     Index("ix_job_artifacts_digest", "digest"),
+)
+
+case_keys = Table(
+    "case_keys",
+    metadata,
+    Column("job_id", String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("case_id", String(200), primary_key=True),
+    Column("key", String(40), nullable=False),
+    Column("job_seq", Integer, nullable=False),
+    Index("ix_case_keys_key_seq", "key", "job_seq"),
+)
+
+comparisons = Table(
+    "comparisons",
+    metadata,
+    Column("job_id", String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("to_job_id", String(40)),  # NULL: no job matched the spec's compare_to
+    Column("created_at", Float, nullable=False),
+    Column("result", JSON),  # the Comparison; NULL with to_job_id NULL
+    Column("note", Text),  # why there is no comparison
 )

@@ -60,11 +60,11 @@ def _grad(t: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def z_loss_term(lse: torch.Tensor, valid: torch.Tensor, params: FlceParams) -> torch.Tensor:
-    """scale * lse^2 per non-ignored row, reduced like the loss (torch semantics: mean is
-    sum / number of non-ignored rows, with no guard for 0/0)."""
+    """scale * lse^2 per non-ignored row, reduced like the loss (mean is sum / number of
+    non-ignored rows, 0 when every row is ignored)."""
     zl = params.z_loss_scale * lse.float() ** 2 * valid
     if params.reduction == "none":
         return zl
     if params.reduction == "sum":
         return zl.sum()
-    return zl.sum() / valid.sum()
+    return zl.sum() / valid.sum().clamp_min(1)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import torch
 
@@ -18,25 +18,8 @@ def _merge(
     return merge_states(outs, lses, lse_layout=cast(Literal["hT", "Th"], lse_layout))
 
 
-def _update(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
-) -> Any:
-    return merge_state_(
-        out,
-        lse,
-        out_step,
-        lse_step,
-        lse_layout=cast(Literal["hT", "Th"], lse_layout),
-        second_half=second_half,
-        acc=acc,
-    )
+# merge_state_ has the LseUpdate signature itself (its lse_layout a Literal of the two layouts)
+_update = cast(lse_harness.LseUpdate, merge_state_)
 
 
 register(

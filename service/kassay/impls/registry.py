@@ -42,6 +42,9 @@ class Impl:
     run: computes every output of the op for `params` from `inputs` (the op's generated inputs,
     which it must not modify). supports: returns None, or the reason these params/device cannot
     be run (reported as status `unsupported`). bug: for mutants, the known bug reproduced.
+    nondeterministic: the impl may give different bits on two runs of the same inputs (e.g.
+    atomics): its run-to-run spread is reported and must stay within the tolerance, instead of
+    any difference failing the case.
     """
 
     op: str
@@ -52,6 +55,7 @@ class Impl:
     kind: Kind = "builtin"
     bug: str | None = None
     exposes: tuple[str, ...] = field(default=())  # selftest: regimes that expose a mutant
+    nondeterministic: bool = False
 
 
 _REGISTRY: dict[tuple[str, str], Impl] = {}
@@ -110,6 +114,7 @@ def _as_plugin(impl: Impl) -> Impl:
         "plugin",
         impl.bug,
         impl.exposes,
+        impl.nondeterministic,
     )
 
 

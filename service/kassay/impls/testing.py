@@ -9,6 +9,12 @@ KASSAY_ENABLE_TEST_IMPLS=1.
 - `exit`: leaves the process with os._exit(3), as a library calling exit() would.
 - `hang`: sleeps forever (holding the GIL only while it wakes up), like a deadlocked kernel.
 - `raise`: raises RuntimeError, like any buggy impl.
+- `slowable` (flce only): the `torch` impl, plus, when the executor's environment has
+  KASSAY_TEST_EXTRA_PASS=F (a fraction), a deliberate second forward and backward pass over the
+  first F of the rows (F over 1: whole passes, then the rest): the same results, about F
+  slower. It rehearses a regression gate: a job
+  run by a worker started with KASSAY_TEST_EXTRA_PASS=0.2 is a commit that made `slowable` 20%
+  slower.
 """
 
 from __future__ import annotations
@@ -18,11 +24,14 @@ import os
 import time
 from typing import Any, NoReturn
 
+from kassay.impls import flce_harness
 from kassay.impls.registry import Impl, register
+from kassay.impls.torch_impls import flce_eager
 
 Tensors = dict[str, Any]
 
 EXIT_CODE = 3
+EXTRA_PASS_ENV = "KASSAY_TEST_EXTRA_PASS"
 
 
 def _segfault(_inputs: Tensors, _params: Any) -> NoReturn:
@@ -53,3 +62,33 @@ _IMPLS = {
 for _op in ("flce", "lse_merge"):
     for _name, (_run, _desc) in _IMPLS.items():
         register(Impl(_op, _name, _run, _desc, kind="testing"), replace=True)
+
+
+def _flce_slowable(x: Any, w: Any, target: Any, b: Any, p: Any) -> Any:
+    out = flce_eager(x, w, target, b, p)
+    left = float(os.environ.get(EXTRA_PASS_ENV) or 0)
+    while left > 0:  # F over 1: whole passes over every row, then the rest
+        rows = int(x.shape[0] * min(left, 1.0))
+        left -= 1.0
+        if not rows:
+            break
+        extra = flce_eager(x[:rows], w, target[:rows], b, p)
+        extra_loss = extra[0] if isinstance(extra, tuple) else extra
+        # Joined with weight 0: the backward runs the extra pass too, the results stay exact.
+        if isinstance(out, tuple):
+            out = (out[0] + 0.0 * extra_loss.sum(), *out[1:])
+        else:
+            out = out + 0.0 * extra_loss.sum()
+    return out
+
+
+register(
+    Impl(
+        "flce",
+        "slowable",
+        flce_harness.as_run(_flce_slowable),
+        f"test only: torch, plus an extra pass over the first ${EXTRA_PASS_ENV} of the rows",
+        kind="testing",
+    ),
+    replace=True,
+)

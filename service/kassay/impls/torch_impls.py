@@ -27,13 +27,17 @@ def flce_eager(
     z = F.linear(x, w, b).float()
     if p.softcap is not None:
         z = p.softcap * torch.tanh(z / p.softcap)
+    # mean as sum / non-ignored rows with 0/0 = 0 (the op's contract): F.cross_entropy's own
+    # mean gives NaN when every target is ignored
     loss = F.cross_entropy(
         z,
         target,
         ignore_index=p.ignore_index,
         label_smoothing=p.label_smoothing,
-        reduction=p.reduction,
+        reduction="sum" if p.reduction == "mean" else p.reduction,
     )
+    if p.reduction == "mean":
+        loss = loss / (target != p.ignore_index).sum().clamp_min(1)
     if p.z_loss_scale == 0 and not p.return_z_loss:
         return loss
     valid = target != p.ignore_index
@@ -133,22 +137,13 @@ def merge_torch(
     return out.to(outs.dtype), lse_res
 
 
-def update_torch(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
-) -> None:
-    """In-place step in float32, guarding empty rows (both -inf -> stays -inf, out unchanged)."""
-    v = lse_harness.StepView(
-        out, lse, out_step, lse_layout=lse_layout, second_half=second_half, acc=acc
-    )
+def _torch_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In-place step in float32, guarding empty rows: a row empty in both states stays -inf
+    with out 0 (what the op's reference gives a row empty in every state)."""
     l_old = _empty_to_neginf(v.lse.float())
-    l_new = _empty_to_neginf(_th(lse_step, lse_layout).float())
+    l_new = _empty_to_neginf(lse_step.float())
     m = torch.maximum(l_old, l_new)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     w_old, w_new = torch.exp(l_old - m_safe), torch.exp(l_new - m_safe)
@@ -156,7 +151,10 @@ def update_torch(
     s_safe = torch.where(s > 0, s, torch.ones_like(s))
     res_lse = torch.where(s > 0, m_safe + torch.log(s_safe), l_old)
     res = (w_old / s_safe)[..., None] * v.base + (w_new / s_safe)[..., None] * out_step.float()
-    v.write(torch.where((s > 0)[..., None], res, v.base), res_lse)
+    return torch.where((s > 0)[..., None], res, torch.zeros_like(res)), res_lse
+
+
+update_torch = lse_harness.step_update(_torch_step)
 
 
 register(
@@ -169,29 +167,22 @@ register(
 )
 
 
-def update_te_style(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
-) -> None:
+def _te_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, l_new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """TransformerEngine's fixed formula: new = max + log1p(exp(min - max)), applied in place;
     out scaled by exp(lse - new) in float32. Like the original, rows empty in both states give
     NaN (-inf - -inf) and +inf marks are not special-cased."""
-    v = lse_harness.StepView(
-        out, lse, out_step, lse_layout=lse_layout, second_half=second_half, acc=acc
-    )
-    l_new = _th(lse_step, lse_layout).float()
+    l_new = l_new.float()
     mx = torch.maximum(v.lse, l_new)
     mn = torch.minimum(v.lse, l_new)
     new_lse = mx + torch.log1p(torch.exp(mn - mx))
     c_old = torch.exp(v.lse - new_lse)[..., None]
     c_new = torch.exp(l_new - new_lse)[..., None]
-    v.write(c_old * v.base + c_new * out_step.float(), new_lse)
+    return c_old * v.base + c_new * out_step.float(), new_lse
+
+
+update_te_style = lse_harness.step_update(_te_step)
 
 
 def _steps_only(p: LseMergeParams, _d: torch.device) -> str | None:
@@ -210,24 +201,17 @@ register(
 )
 
 
-def update_ring_style(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
-) -> None:
+def _ring_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, l_new: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """ring-flash-attention's update: out -= sigmoid(l_new - l) * (out - out_new);
     lse -= logsigmoid(l - l_new). Float32 math; empty rows are not special-cased."""
-    v = lse_harness.StepView(
-        out, lse, out_step, lse_layout=lse_layout, second_half=second_half, acc=acc
-    )
-    l_new = _th(lse_step, lse_layout).float()
+    l_new = l_new.float()
     res = v.base - torch.sigmoid(l_new - v.lse)[..., None] * (v.base - out_step.float())
-    v.write(res, v.lse - F.logsigmoid(v.lse - l_new))
+    return res, v.lse - F.logsigmoid(v.lse - l_new)
+
+
+update_ring_style = lse_harness.step_update(_ring_step)
 
 
 register(

@@ -124,6 +124,11 @@ def _ce_rows_kernel(
     # at V = 128256 (ncu), so the full steps of a row run without masks, in-row offsets are
     # int32 (only the row base is int64) and every exp is one FMA into exp2.
     STEP: tl.constexpr = 2 * BLOCK_V if PAIR else BLOCK_V
+    # float32 logits: exp2((z - m) * log2e), not exp2(z * log2e - m * log2e): at |z| ~ 1e3 the
+    # rounding of z * log2e or of lse * log2e (u * |z|, ~1e-4) scales whole rows of
+    # probabilities by 1e-4, ten times a float32 baseline's error; 16-bit logits round far
+    # coarser than that, so they keep the one-FMA form.
+    EXACT: tl.constexpr = z_ptr.dtype.element_ty == tl.float32
     v_full = (V // STEP) * STEP  # columns covered by unmasked steps; the rest is one tail step
     cols = tl.arange(0, BLOCK_V)
     for r in range(tl.program_id(0), n_rows, row_step):
@@ -142,16 +147,17 @@ def _ce_rows_kernel(
         for v0 in range(0, v_full, STEP):
             m_vec, s_vec, sum_z = _ce_stats_step(
                 z_row, v0, cols, V, m_vec, s_vec, sum_z, softcap,
-                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False, HINTS,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False, HINTS, EXACT,
             )  # fmt: skip
         if v_full < V:
             m_vec, s_vec, sum_z = _ce_stats_step(
                 z_row, v_full, cols, V, m_vec, s_vec, sum_z, softcap,
-                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, True, HINTS,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, True, HINTS, EXACT,
             )  # fmt: skip
         m = tl.max(m_vec, axis=0)
         s = tl.sum(s_vec * tl.exp2((m_vec - m) * LOG2E), axis=0)
-        lse = m + tl.log(s)
+        log_s = tl.log(s)
+        lse = m + log_s
         zsum = tl.sum(sum_z, axis=0)
 
         z_t = tl.load(z_row + tgt_safe).to(tl.float32)
@@ -174,16 +180,18 @@ def _ce_rows_kernel(
             cg = (1.0 + 2.0 * z_loss_scale * lse) * g
             eg = eps_v * g
             tg = (1.0 - label_smoothing) * g
-            lse2 = lse * LOG2E
+            # what _ce_grad_block subtracts: z - m - log_s keeps the digits lse = m + log_s
+            # loses at |m| ~ 1e3 (EXACT), else z * log2e - lse * log2e in one FMA
+            lse2 = m if EXACT else lse * LOG2E
             for v0 in range(0, v_full, STEP):
                 _ce_grad_step(
-                    z_row, v0, cols, V, tgt_safe - v0, lse2, cg, eg, tg, softcap,
-                    HAS_SOFTCAP, PAIR, BLOCK_V, False, HINTS,
+                    z_row, v0, cols, V, tgt_safe - v0, lse2, log_s, cg, eg, tg, softcap,
+                    HAS_SOFTCAP, PAIR, BLOCK_V, False, HINTS, EXACT,
                 )  # fmt: skip
             if v_full < V:
                 _ce_grad_step(
-                    z_row, v_full, cols, V, tgt_safe - v_full, lse2, cg, eg, tg, softcap,
-                    HAS_SOFTCAP, PAIR, BLOCK_V, True, HINTS,
+                    z_row, v_full, cols, V, tgt_safe - v_full, lse2, log_s, cg, eg, tg, softcap,
+                    HAS_SOFTCAP, PAIR, BLOCK_V, True, HINTS, EXACT,
                 )  # fmt: skip
 
 
@@ -210,7 +218,7 @@ def _ce_load(
 def _ce_stats_step(
     z_row, v0, cols, V, m_vec, s_vec, sum_z, softcap,
     HAS_SOFTCAP: tl.constexpr, HAS_LS: tl.constexpr, PAIR: tl.constexpr,
-    BLOCK_V: tl.constexpr, MASKED: tl.constexpr, HINTS: tl.constexpr,
+    BLOCK_V: tl.constexpr, MASKED: tl.constexpr, HINTS: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """Pass-1 update of the per-lane (max, sum of exp, sum of logits) by one (pair of) block(s)
     at column v0; masked lanes hold -inf (no exp mass) and add 0 to the logits sum."""
@@ -223,11 +231,18 @@ def _ce_stats_step(
         zb = za
         m_new = tl.maximum(m_vec, za)
     # lanes still at -inf (never saw a finite column) keep s = 0 without NaN
-    m2 = tl.where(m_new == float("-inf"), 0.0, m_new) * LOG2E
-    e = tl.exp2(za * LOG2E - m2)
-    if PAIR:
-        e += tl.exp2(zb * LOG2E - m2)
-    s_vec = s_vec * tl.exp2(m_vec * LOG2E - m2) + e
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    if EXACT:
+        e = tl.exp2((za - m_safe) * LOG2E)
+        if PAIR:
+            e += tl.exp2((zb - m_safe) * LOG2E)
+        s_vec = s_vec * tl.exp2((m_vec - m_safe) * LOG2E) + e
+    else:
+        m2 = m_safe * LOG2E
+        e = tl.exp2(za * LOG2E - m2)
+        if PAIR:
+            e += tl.exp2(zb * LOG2E - m2)
+        s_vec = s_vec * tl.exp2(m_vec * LOG2E - m2) + e
     if HAS_LS:
         if MASKED:
             sum_z += tl.where(v0 + cols < V, za, 0.0)
@@ -242,33 +257,38 @@ def _ce_stats_step(
 
 @triton.jit
 def _ce_grad_step(
-    z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap,
+    z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap,
     HAS_SOFTCAP: tl.constexpr, PAIR: tl.constexpr, BLOCK_V: tl.constexpr, MASKED: tl.constexpr,
-    HINTS: tl.constexpr,
+    HINTS: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """Pass 2 on one (pair of) block(s) at column v0: dlogits written over the logits.
     tgt_rel: the target's column minus v0."""
     _ce_grad_block(
-        z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap, HAS_SOFTCAP, MASKED, HINTS
-    )
+        z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap,
+        HAS_SOFTCAP, MASKED, HINTS, EXACT,
+    )  # fmt: skip
     if PAIR:
         _ce_grad_block(
-            z_row, v0 + BLOCK_V, cols, V, tgt_rel - BLOCK_V, lse2, cg, eg, tg, softcap,
-            HAS_SOFTCAP, MASKED, HINTS,
+            z_row, v0 + BLOCK_V, cols, V, tgt_rel - BLOCK_V, lse2, log_s, cg, eg, tg, softcap,
+            HAS_SOFTCAP, MASKED, HINTS, EXACT,
         )  # fmt: skip
 
 
 @triton.jit
 def _ce_grad_block(
-    z_row, v0, cols, V, tgt_rel, lse2, cg, eg, tg, softcap,
-    HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr, HINTS: tl.constexpr,
+    z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap,
+    HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr, HINTS: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """g · (p·coef − ε/V − (1−ε)·onehot) · (1 − tanh²) (the last factor with softcap only) of
-    one block, as cg · p − eg − tg · onehot."""
+    one block, as cg · p − eg − tg · onehot. lse2: the row max m (EXACT, with log_s: lse =
+    m + log_s) or lse·log2e."""
     EVICT: tl.constexpr = "evict_first" if HINTS else ""
     offs = v0 + cols
     zc = _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP, MASKED, EVICT)
-    d = tl.exp2(zc * LOG2E - lse2) * cg - eg
+    if EXACT:
+        d = tl.exp2(((zc - lse2) - log_s) * LOG2E) * cg - eg
+    else:
+        d = tl.exp2(zc * LOG2E - lse2) * cg - eg
     d = tl.where(cols == tgt_rel, d - tg, d)
     if HAS_SOFTCAP:
         th = zc / softcap

@@ -51,17 +51,28 @@ class OutputSpec:
     dtype_name: the dtype an impl is expected to return it in ("float32", "bfloat16", ...; used
     for ULP distances and for the rounding floor of the tolerance). strict_dtype: a different
     dtype is itself a failure (e.g. gradients must come back in the parameters' dtype under
-    autocast).
+    autocast). reduction: the length of the longest sum behind one element (the K of a GEMM):
+    the tolerance's float32 accumulation floor grows with it. precision_name: the least precise
+    dtype the computation rounds to (the autocast dtype of an AMP case whose outputs are
+    float32); None: the output's dtype. It sets the floor against which the baseline's own error
+    is judged.
     """
 
     name: str
     dtype_name: str
     strict_dtype: bool = False
+    reduction: int = 1
+    precision_name: str | None = None
 
     @property
     def dtype(self) -> torch.dtype:
         """The expected dtype as a torch dtype (imports torch: runtime side only)."""
         return torch_dtype(self.dtype_name)
+
+    @property
+    def precision(self) -> torch.dtype | None:
+        """precision_name as a torch dtype (imports torch), None when not set."""
+        return torch_dtype(self.precision_name) if self.precision_name else None
 
 
 Tensors = dict[str, "torch.Tensor"]

@@ -81,13 +81,18 @@ class FlceOp(Op):
 
     def outputs(self, params: FlceParams) -> list[OutputSpec]:
         p = params
-        outs = [OutputSpec("loss", "float32")]
+        # reductions: the loss sums N rows of V-long log-sum-exps; grad_input = dlogits @ W is
+        # V long; grad_weight = dlogits^T @ x and grad_bias sum over the N rows.
+        # The logits are rounded to the compute dtype (the autocast dtype under AMP) first.
+        loss_len = max(p.N, p.V)
+        c = p.autocast if p.autocast != "none" else p.dtype
+        outs = [OutputSpec("loss", "float32", reduction=loss_len, precision_name=c)]
         if p.return_z_loss:
-            outs.append(OutputSpec("z_loss", "float32"))
-        outs.append(OutputSpec("grad_input", p.dtype, strict_dtype=True))
-        outs.append(OutputSpec("grad_weight", p.dtype, strict_dtype=True))
-        if p.bias:
-            outs.append(OutputSpec("grad_bias", p.dtype, strict_dtype=True))
+            outs.append(OutputSpec("z_loss", "float32", reduction=loss_len, precision_name=c))
+        for name, n in (("grad_input", p.V), ("grad_weight", p.N)) + (
+            (("grad_bias", p.N),) if p.bias else ()
+        ):
+            outs.append(OutputSpec(name, p.dtype, strict_dtype=True, reduction=n, precision_name=c))
         return outs
 
     def flops(self, params: FlceParams) -> float:

@@ -63,8 +63,8 @@ class LseMergeOp(Op):
 
     def outputs(self, params: LseMergeParams) -> list[OutputSpec]:
         return [
-            OutputSpec("out", params.dtype, strict_dtype=True),
-            OutputSpec("lse", "float32", strict_dtype=True),
+            OutputSpec("out", params.dtype, strict_dtype=True, reduction=params.K),
+            OutputSpec("lse", "float32", strict_dtype=True, reduction=params.K),
         ]
 
     def _state_bytes(self, params: LseMergeParams) -> int:

@@ -345,6 +345,7 @@ class TimingPolicy(_message.Message):
     TARGET_REL_SEM_FIELD_NUMBER: _builtins.int
     FLUSH_L2_FIELD_NUMBER: _builtins.int
     CUDA_GRAPH_FIELD_NUMBER: _builtins.int
+    CPU_CLOCK_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     warmup: _builtins.int
     min_reps: _builtins.int
@@ -355,6 +356,8 @@ class TimingPolicy(_message.Message):
     """cold (true, default) or warm L2"""
     cuda_graph: _builtins.bool
     """time CUDA-graph replays where capturable (default true)"""
+    cpu_clock: _builtins.str
+    """wall | process (default wall)"""
     def __init__(
         self,
         *,
@@ -366,13 +369,16 @@ class TimingPolicy(_message.Message):
         target_rel_sem: _builtins.float | None = ...,
         flush_l2: _builtins.bool | None = ...,
         cuda_graph: _builtins.bool | None = ...,
+        cpu_clock: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_s: _TypeAlias = _typing.Literal["budget_s"]  # noqa: Y015
     _WhichOneofArgType__budget_s: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s"]  # noqa: Y015
+    _WhichOneofReturnType__cpu_clock: _TypeAlias = _typing.Literal["cpu_clock"]  # noqa: Y015
+    _WhichOneofArgType__cpu_clock: _TypeAlias = _typing.Literal["_cpu_clock", b"_cpu_clock"]  # noqa: Y015
     _WhichOneofReturnType__cuda_graph: _TypeAlias = _typing.Literal["cuda_graph"]  # noqa: Y015
     _WhichOneofArgType__cuda_graph: _TypeAlias = _typing.Literal["_cuda_graph", b"_cuda_graph"]  # noqa: Y015
     _WhichOneofReturnType__enabled: _TypeAlias = _typing.Literal["enabled"]  # noqa: Y015
@@ -389,6 +395,8 @@ class TimingPolicy(_message.Message):
     _WhichOneofArgType__warmup: _TypeAlias = _typing.Literal["_warmup", b"_warmup"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_s) -> _WhichOneofReturnType__budget_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_clock) -> _WhichOneofReturnType__cpu_clock | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cuda_graph) -> _WhichOneofReturnType__cuda_graph | None: ...
     @_typing.overload
@@ -425,6 +433,7 @@ class GroupSpec(_message.Message):
     BASELINE_FIELD_NUMBER: _builtins.int
     TOLERANCE_FIELD_NUMBER: _builtins.int
     TIMING_FIELD_NUMBER: _builtins.int
+    COVERAGE_FIELD_NUMBER: _builtins.int
     ARTIFACTS_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     suite_index: _builtins.int
@@ -435,6 +444,8 @@ class GroupSpec(_message.Message):
     seed: _builtins.int
     baseline: _builtins.str
     """empty: "torch" """
+    coverage: _builtins.str
+    """Empty: a point of the user's grid; else why default coverage added it (e.g. "ragged sizes")."""
     @_builtins.property
     def flce(self) -> Global___FlceParams: ...
     @_builtins.property
@@ -469,11 +480,12 @@ class GroupSpec(_message.Message):
         baseline: _builtins.str = ...,
         tolerance: Global___TolerancePolicy | None = ...,
         timing: Global___TimingPolicy | None = ...,
+        coverage: _builtins.str = ...,
         artifacts: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["flce", b"flce", "lse_merge", b"lse_merge", "params", b"params", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "coverage", b"coverage", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["flce", "lse_merge"]  # noqa: Y015
     _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
@@ -542,6 +554,10 @@ class OutputMetrics(_message.Message):
     BASELINE_REL_L2_FIELD_NUMBER: _builtins.int
     PASSED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    BASELINE_SUSPECT_FIELD_NUMBER: _builtins.int
+    BIAS_FIELD_NUMBER: _builtins.int
+    BIAS_LIMIT_FIELD_NUMBER: _builtins.int
+    RUN_TO_RUN_MAX_ABS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     dtype: _builtins.str
     expected_dtype: _builtins.str
@@ -561,6 +577,14 @@ class OutputMetrics(_message.Message):
     baseline_rel_l2: _builtins.float
     passed: _builtins.bool
     reason: _builtins.str
+    baseline_suspect: _builtins.bool
+    """the baseline's own error here is far from the truth"""
+    bias: _builtins.float
+    """s of the least-squares fit out ~ (1 + s) * ref"""
+    bias_limit: _builtins.float
+    """largest |s - baseline's s| accepted"""
+    run_to_run_max_abs: _builtins.float
+    """max |run 1 - run 2| on the same inputs"""
     @_builtins.property
     def shape(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -589,15 +613,25 @@ class OutputMetrics(_message.Message):
         baseline_rel_l2: _builtins.float | None = ...,
         passed: _builtins.bool = ...,
         reason: _builtins.str = ...,
+        baseline_suspect: _builtins.bool = ...,
+        bias: _builtins.float | None = ...,
+        bias_limit: _builtins.float | None = ...,
+        run_to_run_max_abs: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs", "_baseline_rel_l2", b"_baseline_rel_l2", "_threshold_max_abs", b"_threshold_max_abs", "_threshold_rel_l2", b"_threshold_rel_l2", "baseline_max_abs", b"baseline_max_abs", "baseline_rel_l2", b"baseline_rel_l2", "threshold_max_abs", b"threshold_max_abs", "threshold_rel_l2", b"threshold_rel_l2"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs", "_baseline_rel_l2", b"_baseline_rel_l2", "_bias", b"_bias", "_bias_limit", b"_bias_limit", "_run_to_run_max_abs", b"_run_to_run_max_abs", "_threshold_max_abs", b"_threshold_max_abs", "_threshold_rel_l2", b"_threshold_rel_l2", "baseline_max_abs", b"baseline_max_abs", "baseline_rel_l2", b"baseline_rel_l2", "bias", b"bias", "bias_limit", b"bias_limit", "run_to_run_max_abs", b"run_to_run_max_abs", "threshold_max_abs", b"threshold_max_abs", "threshold_rel_l2", b"threshold_rel_l2"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs", "_baseline_rel_l2", b"_baseline_rel_l2", "_threshold_max_abs", b"_threshold_max_abs", "_threshold_rel_l2", b"_threshold_rel_l2", "baseline_max_abs", b"baseline_max_abs", "baseline_rel_l2", b"baseline_rel_l2", "dtype", b"dtype", "expected_dtype", b"expected_dtype", "inf", b"inf", "max_abs", b"max_abs", "max_rel", b"max_rel", "max_ulp", b"max_ulp", "n_bad", b"n_bad", "name", b"name", "nan", b"nan", "passed", b"passed", "policy", b"policy", "reason", b"reason", "ref_inf", b"ref_inf", "ref_nan", b"ref_nan", "rel_l2", b"rel_l2", "shape", b"shape", "threshold_max_abs", b"threshold_max_abs", "threshold_rel_l2", b"threshold_rel_l2", "worst", b"worst"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs", "_baseline_rel_l2", b"_baseline_rel_l2", "_bias", b"_bias", "_bias_limit", b"_bias_limit", "_run_to_run_max_abs", b"_run_to_run_max_abs", "_threshold_max_abs", b"_threshold_max_abs", "_threshold_rel_l2", b"_threshold_rel_l2", "baseline_max_abs", b"baseline_max_abs", "baseline_rel_l2", b"baseline_rel_l2", "baseline_suspect", b"baseline_suspect", "bias", b"bias", "bias_limit", b"bias_limit", "dtype", b"dtype", "expected_dtype", b"expected_dtype", "inf", b"inf", "max_abs", b"max_abs", "max_rel", b"max_rel", "max_ulp", b"max_ulp", "n_bad", b"n_bad", "name", b"name", "nan", b"nan", "passed", b"passed", "policy", b"policy", "reason", b"reason", "ref_inf", b"ref_inf", "ref_nan", b"ref_nan", "rel_l2", b"rel_l2", "run_to_run_max_abs", b"run_to_run_max_abs", "shape", b"shape", "threshold_max_abs", b"threshold_max_abs", "threshold_rel_l2", b"threshold_rel_l2", "worst", b"worst"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__baseline_max_abs: _TypeAlias = _typing.Literal["baseline_max_abs"]  # noqa: Y015
     _WhichOneofArgType__baseline_max_abs: _TypeAlias = _typing.Literal["_baseline_max_abs", b"_baseline_max_abs"]  # noqa: Y015
     _WhichOneofReturnType__baseline_rel_l2: _TypeAlias = _typing.Literal["baseline_rel_l2"]  # noqa: Y015
     _WhichOneofArgType__baseline_rel_l2: _TypeAlias = _typing.Literal["_baseline_rel_l2", b"_baseline_rel_l2"]  # noqa: Y015
+    _WhichOneofReturnType__bias: _TypeAlias = _typing.Literal["bias"]  # noqa: Y015
+    _WhichOneofArgType__bias: _TypeAlias = _typing.Literal["_bias", b"_bias"]  # noqa: Y015
+    _WhichOneofReturnType__bias_limit: _TypeAlias = _typing.Literal["bias_limit"]  # noqa: Y015
+    _WhichOneofArgType__bias_limit: _TypeAlias = _typing.Literal["_bias_limit", b"_bias_limit"]  # noqa: Y015
+    _WhichOneofReturnType__run_to_run_max_abs: _TypeAlias = _typing.Literal["run_to_run_max_abs"]  # noqa: Y015
+    _WhichOneofArgType__run_to_run_max_abs: _TypeAlias = _typing.Literal["_run_to_run_max_abs", b"_run_to_run_max_abs"]  # noqa: Y015
     _WhichOneofReturnType__threshold_max_abs: _TypeAlias = _typing.Literal["threshold_max_abs"]  # noqa: Y015
     _WhichOneofArgType__threshold_max_abs: _TypeAlias = _typing.Literal["_threshold_max_abs", b"_threshold_max_abs"]  # noqa: Y015
     _WhichOneofReturnType__threshold_rel_l2: _TypeAlias = _typing.Literal["threshold_rel_l2"]  # noqa: Y015
@@ -606,6 +640,12 @@ class OutputMetrics(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__baseline_max_abs) -> _WhichOneofReturnType__baseline_max_abs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__baseline_rel_l2) -> _WhichOneofReturnType__baseline_rel_l2 | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bias) -> _WhichOneofReturnType__bias | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__bias_limit) -> _WhichOneofReturnType__bias_limit | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__run_to_run_max_abs) -> _WhichOneofReturnType__run_to_run_max_abs | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__threshold_max_abs) -> _WhichOneofReturnType__threshold_max_abs | None: ...
     @_typing.overload
@@ -641,8 +681,9 @@ class TimingStats(_message.Message):
     POWER_LIMIT_W_FIELD_NUMBER: _builtins.int
     THROTTLE_REASONS_FIELD_NUMBER: _builtins.int
     POWER_CAPPED_FIELD_NUMBER: _builtins.int
+    SAMPLES_MS_FIELD_NUMBER: _builtins.int
     clock: _builtins.str
-    """cuda_events | cpu_perf_counter (median_ms ...: device time on CUDA)"""
+    """cuda_events | cpu_perf_counter | cpu_process_time (CUDA: device time)"""
     n: _builtins.int
     median_ms: _builtins.float
     mean_ms: _builtins.float
@@ -669,6 +710,10 @@ class TimingStats(_message.Message):
     power_capped: _builtins.bool
     @_builtins.property
     def throttle_reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def samples_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """every repetition, in the order measured"""
+
     def __init__(
         self,
         *,
@@ -694,10 +739,11 @@ class TimingStats(_message.Message):
         power_limit_w: _builtins.float | None = ...,
         throttle_reasons: _abc.Iterable[_builtins.str] | None = ...,
         power_capped: _builtins.bool = ...,
+        samples_ms: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "clock", b"clock", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "clock", b"clock", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "samples_ms", b"samples_ms", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__gbps: _TypeAlias = _typing.Literal["gbps"]  # noqa: Y015
     _WhichOneofArgType__gbps: _TypeAlias = _typing.Literal["_gbps", b"_gbps"]  # noqa: Y015
@@ -937,6 +983,8 @@ class CaseResult(_message.Message):
     WORKER_FIELD_NUMBER: _builtins.int
     DEVICE_FIELD_NUMBER: _builtins.int
     ENVIRONMENT_FIELD_NUMBER: _builtins.int
+    COVERAGE_FIELD_NUMBER: _builtins.int
+    FLAGS_FIELD_NUMBER: _builtins.int
     case_id: _builtins.str
     """"{group_id}:{impl}" """
     group_id: _builtins.str
@@ -952,6 +1000,8 @@ class CaseResult(_message.Message):
     duration_s: _builtins.float
     worker: _builtins.str
     device: _builtins.str
+    coverage: _builtins.str
+    """empty: a point of the user's grid; else why coverage added it"""
     @_builtins.property
     def flce(self) -> Global___FlceParams: ...
     @_builtins.property
@@ -969,6 +1019,10 @@ class CaseResult(_message.Message):
     @_builtins.property
     def environment(self) -> Global___Environment:
         """absent: unknown"""
+
+    @_builtins.property
+    def flags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """baseline_suspect | nondeterministic | biased"""
 
     def __init__(
         self,
@@ -992,10 +1046,12 @@ class CaseResult(_message.Message):
         worker: _builtins.str | None = ...,
         device: _builtins.str | None = ...,
         environment: Global___Environment | None = ...,
+        coverage: _builtins.str = ...,
+        flags: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "device", b"device", "environment", b"environment", "flce", b"flce", "lse_merge", b"lse_merge", "memory", b"memory", "params", b"params", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "case_id", b"case_id", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flce", b"flce", "group_id", b"group_id", "impl", b"impl", "lse_merge", b"lse_merge", "memory", b"memory", "message", b"message", "op", b"op", "outputs", b"outputs", "params", b"params", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "case_id", b"case_id", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "flce", b"flce", "group_id", b"group_id", "impl", b"impl", "lse_merge", b"lse_merge", "memory", b"memory", "message", b"message", "op", b"op", "outputs", b"outputs", "params", b"params", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__device: _TypeAlias = _typing.Literal["device"]  # noqa: Y015
     _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015

@@ -54,5 +54,5 @@ def case_result(
         dtype=dtype if dtype is not None else case_dtype(group.op, group.params),
         status=status,
         message=message,
-        **fields,
+        **{"coverage": group.coverage, **fields},
     )

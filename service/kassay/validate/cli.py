@@ -56,7 +56,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if not args.quiet:
             color = {"passed": "green", "failed": "red"}.get(c.status, "yellow")
             t = f" {c.timing.median_ms:.3f} ms" if c.timing else ""
-            console.print(f"[{color}]{c.status:>11}[/{color}] {c.op}.{c.impl} {c.label()}{t}")
+            flags = f" [{', '.join(c.flags)}]" if c.flags else ""
+            console.print(
+                f"[{color}]{c.status:>11}[/{color}]{flags} {c.op}.{c.impl} {c.label()}{t}"
+            )
 
     settings = get_settings()
     try:

@@ -2,8 +2,13 @@
 
 A group shares (op, params, regime, seed): its inputs are generated once and its float64
 reference computed once; then every impl runs on the same inputs and is compared, timed and
-measured. The same-dtype baseline impl runs first (its errors set the tolerance of the others);
-when it is not among the group's impls it still runs, unreported. An impl that raises yields
+measured. The same-dtype baseline impl runs first (its errors set the tolerance of the others)
+unless its own error is far from the truth (then it fails as `baseline_suspect` and the others
+are judged by the absolute policy); when it is not among the group's impls it still runs,
+unreported. Every impl runs twice on the same inputs (the timing loop's first call is the
+second run): outputs that differ bit for bit fail unless the impl declares itself
+nondeterministic. An output scaled by a systematic factor beyond the baseline's fails as biased
+(kassay.validate.verdicts). An impl that raises yields
 status `error` with the exception's type and message: the engine never dies because an impl did.
 """
 
@@ -34,7 +39,15 @@ from kassay.validate.results import (
 )
 from kassay.validate.spec import GroupSpec, case_id
 from kassay.validate.timing import time_call
-from kassay.validate.tolerance import judge, tolerances
+from kassay.validate.tolerance import baseline_usable, judge, tolerances
+from kassay.validate.verdicts import (
+    Floor,
+    check_bias,
+    effective_floor,
+    ref_rms,
+    run_to_run,
+    suspect_reason,
+)
 
 log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]
@@ -90,21 +103,39 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+class _Baseline:
+    """What the group's baseline left for the other impls, per output: its raw errors (None:
+    unusable) and whether it was found suspect."""
+
+    def __init__(self) -> None:
+        self.raw: dict[str, RawMetrics | None] = {}
+        self.suspect: dict[str, bool] = {}
+
+
+def _unmeasurable(spec: OutputSpec, out: torch.Tensor | None, ref: torch.Tensor) -> str | None:
+    if out is None:
+        return "output missing"
+    if tuple(out.shape) != tuple(ref.shape):
+        return f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}"
+    return None
+
+
 def _metrics_for(
     spec: OutputSpec,
     out: torch.Tensor | None,
     ref: torch.Tensor,
     group: GroupSpec,
-    base: RawMetrics | None,
-    floor: tuple[float, float],
-    is_baseline: bool = False,
+    baseline: _Baseline,
+    floor: Floor,
+    *,
+    is_baseline: bool,
+    second: torch.Tensor | None,
+    declared_nondeterministic: bool,
 ) -> tuple[OutputMetrics, RawMetrics | None]:
+    """Errors and verdict of one output; `second` is the same output from a second run on the
+    same inputs (None: not available)."""
     atol, rtol = tolerances(group.tolerance, spec.dtype)
-    unmeasurable = None
-    if out is None:
-        unmeasurable = "output missing"
-    elif tuple(out.shape) != tuple(ref.shape):
-        unmeasurable = f"shape {list(out.shape)} differs from the reference's {list(ref.shape)}"
+    unmeasurable = _unmeasurable(spec, out, ref)
     if out is None or unmeasurable:
         nan = float("nan")
         return OutputMetrics(
@@ -125,17 +156,53 @@ def _metrics_for(
             policy=group.tolerance.policy,
         ), None
     raw = compare(out, ref, atol=atol, rtol=rtol)
-    if is_baseline:
-        base = raw  # the baseline meets its own bar unless NaN/Inf, zeros or a wrong dtype
     dtype_ok = not spec.strict_dtype or out.dtype == spec.dtype
+    floor_t = (floor.max_abs, floor.rel_l2)
+    dtype_msg = f"dtype {out.dtype} but the op requires {spec.dtype}"
+    suspect_msg = ""
+    if is_baseline:
+        suspect_msg = suspect_reason(raw, floor) or ""
+        suspect = bool(suspect_msg)
+        # a trusted baseline meets its own bar unless NaN/Inf, zeros or a wrong dtype
+        base = None if suspect else raw
+    else:
+        base = baseline.raw.get(spec.name)
+        suspect = baseline.suspect.get(spec.name, False)
     v = judge(
         raw,
         policy=group.tolerance,
         base=base,
-        floor=floor,
+        floor=floor_t,
         dtype_ok=dtype_ok,
-        dtype_msg=f"dtype {out.dtype} but the op requires {spec.dtype}",
+        dtype_msg=dtype_msg,
+        base_suspect=suspect,
     )
+    passed, reasons = v.passed, [v.reason] if v.reason and not v.passed else []
+    if suspect_msg:
+        passed, reasons = False, [suspect_msg, *reasons]
+    # systematic scale: judged against the trusted baseline's own (0 when there is none)
+    bias_limit = None
+    if not is_baseline and not raw.mismatched_nonfinite:
+        bv = check_bias(
+            spec.name, raw, base if baseline_usable(base) and not suspect else None, floor
+        )
+        bias_limit = bv.limit
+        if not bv.passed:
+            passed, reasons = False, [*reasons, bv.reason]
+    spread = None
+    if second is not None:
+        rr = run_to_run(out, second)
+        spread = rr.max_abs
+        if not rr.identical:
+            what = (
+                f"nondeterministic: a second run on the same inputs differs in {rr.n_diff} "
+                f"element(s) (max |run 1 - run 2| {rr.max_abs:.3g})"
+            )
+            limit = v.threshold_max_abs if v.threshold_max_abs is not None else atol
+            if not declared_nondeterministic:
+                passed, reasons = False, [*reasons, what]
+            elif not rr.max_abs <= limit:
+                passed, reasons = False, [*reasons, f"{what} beyond the limit {limit:.3g}"]
     return OutputMetrics(
         name=spec.name,
         dtype=_dtype_name(out.dtype),
@@ -156,9 +223,24 @@ def _metrics_for(
         threshold_rel_l2=v.threshold_rel_l2,
         baseline_max_abs=base.max_abs if base is not None else None,
         baseline_rel_l2=base.rel_l2 if base is not None else None,
-        passed=v.passed,
-        reason=v.reason,
-    ), raw
+        passed=passed,
+        reason="; ".join(reasons) if not passed else v.reason,
+        baseline_suspect=suspect,
+        bias=raw.bias,
+        bias_limit=bias_limit,
+        run_to_run_max_abs=spread,
+    ), (None if suspect else raw)
+
+
+def _flags(outputs: list[OutputMetrics]) -> list[str]:
+    flags = []
+    if any(o.baseline_suspect for o in outputs):
+        flags.append("baseline_suspect")
+    if any("nondeterministic" in o.reason or (o.run_to_run_max_abs or 0) > 0 for o in outputs):
+        flags.append("nondeterministic")
+    if any(" biased by " in o.reason for o in outputs):
+        flags.append("biased")
+    return flags
 
 
 def _throughput(t: TimingStats, op: Op, params: Any, ceilings: dict[str, float] | None) -> None:
@@ -212,8 +294,8 @@ class GroupRunner:
         self.env = Environment.model_validate(
             {**self.env.model_dump(), "reference_cache": "hit" if hit else "miss"}
         )
-        self.floors = {s.name: rounding_error(self.ref[s.name], s.dtype) for s in self.specs}
-        self.base_raw: dict[str, RawMetrics | None] = {}
+        self.floors = {s.name: self._floor(s) for s in self.specs}
+        self.baseline = _Baseline()
         self.base_median: float | None = None
         self.poison = 2 * self.op.unavoidable_bytes(self.params)
 
@@ -222,6 +304,16 @@ class GroupRunner:
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         inputs = self.op.make_inputs(self.params, group.regime, group.seed, device)
         return inputs, self.op.reference(inputs, self.params)
+
+    def _floor(self, spec: OutputSpec) -> Floor:
+        ref = self.ref[spec.name]
+        prec = spec.precision if spec.precision not in (None, spec.dtype) else None
+        return effective_floor(
+            rounding_error(ref, spec.dtype),
+            spec.reduction,
+            ref_rms(ref),
+            rounding_error(ref, prec) if prec is not None else None,
+        )
 
     def _result(self, impl_name: str, status: str, message: str = "", **kw: Any) -> CaseResult:
         return case_result(
@@ -244,24 +336,10 @@ class GroupRunner:
         run = _call(impl, self.inputs, self.params, self.device, self.poison)
         if run.error is not None or run.outputs is None:
             if is_baseline:
-                self.base_raw = dict.fromkeys(self.floors)
+                self.baseline.raw = dict.fromkeys(self.floors)
             return self._result(
                 impl_name, "error", run.error or "no outputs", duration_s=time.perf_counter() - t0
             )
-        outputs: list[OutputMetrics] = []
-        for spec in self.specs:
-            om, raw = _metrics_for(
-                spec,
-                run.outputs.get(spec.name),
-                self.ref[spec.name],
-                self.group,
-                self.base_raw.get(spec.name),
-                self.floors[spec.name],
-                is_baseline,
-            )
-            if is_baseline:
-                self.base_raw[spec.name] = raw
-            outputs.append(om)
         model = self.op.unavoidable_bytes(self.params)
         if run.peak is not None:
             memory = MemoryStats(
@@ -276,24 +354,58 @@ class GroupRunner:
                 model_bytes=model,
                 note="peak memory is measured on CUDA devices only",
             )
-        del run
-        failed = [o for o in outputs if not o.passed]
-        status = "failed" if failed else "passed"
-        message = "; ".join(f"{o.name}: {o.reason}" for o in failed)
+        # The second run on the same inputs (determinism): the timing loop's first call when the
+        # case is timed, else one more call.
+        second: list[Tensors] = []
         timing = None
+        timing_error = ""
         if self.group.timing.enabled:
+
+            def timed() -> Tensors:
+                outs = impl.run(self.inputs, self.params)
+                if not second:
+                    second.append(outs)
+                return outs
+
             try:
-                timing = time_call(
-                    lambda: impl.run(self.inputs, self.params), self.device, self.group.timing
-                )
+                timing = time_call(timed, self.device, self.group.timing)
                 _throughput(timing, self.op, self.params, self.ceilings)
                 if is_baseline:
                     self.base_median = timing.median_ms
                 elif self.base_median:
                     timing.speedup_vs_baseline = self.base_median / timing.median_ms
             except Exception as exc:  # timing re-runs the impl; a flaky impl is a result too
-                status = "error"
-                message = f"raised while timing: {type(exc).__name__}: {exc}"
+                timing_error = f"raised while timing: {type(exc).__name__}: {exc}"
+        else:
+            again = _call(impl, self.inputs, self.params, self.device, 0)
+            if again.outputs is not None:
+                second.append(again.outputs)
+            elif again.error:
+                timing_error = f"raised on a second run: {again.error}"
+        outputs: list[OutputMetrics] = []
+        for spec in self.specs:
+            om, raw = _metrics_for(
+                spec,
+                run.outputs.get(spec.name),
+                self.ref[spec.name],
+                self.group,
+                self.baseline,
+                self.floors[spec.name],
+                is_baseline=is_baseline,
+                second=second[0].get(spec.name) if second else None,
+                declared_nondeterministic=impl.nondeterministic,
+            )
+            if is_baseline:
+                self.baseline.raw[spec.name] = raw
+                self.baseline.suspect[spec.name] = om.baseline_suspect
+            outputs.append(om)
+        del run
+        second.clear()
+        failed = [o for o in outputs if not o.passed]
+        status = "failed" if failed else "passed"
+        message = "; ".join(f"{o.name}: {o.reason}" for o in failed)
+        if timing_error:
+            status, message = "error", timing_error
         # Outputs are freed by reference counting; a full gc.collect() here cost ~100 ms a case.
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -305,6 +417,7 @@ class GroupRunner:
             timing=timing,
             memory=memory,
             duration_s=time.perf_counter() - t0,
+            flags=_flags(outputs),
         )
 
 

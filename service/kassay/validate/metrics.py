@@ -12,6 +12,9 @@ half a billion elements needs no full-size float64 copy beyond the reference its
 - nan / inf: counts in the output; ref_nan / ref_inf: counts in the reference. Equal infinities
   (out and ref both +inf or both -inf) count as exact.
 - worst: the few elements with the largest |out - ref| (or non-finite mismatches first).
+- bias: s of the least-squares fit out ~ (1 + s) * ref over elements where both are finite,
+  s = <out - ref, ref> / <ref, ref>: a systematic scale, which random rounding errors leave
+  near 0 (their s shrinks like rel_l2 / sqrt(n_finite)).
 """
 
 from __future__ import annotations
@@ -41,9 +44,13 @@ class RawMetrics:
     ref_nan: int = 0
     ref_inf: int = 0
     mismatched_nonfinite: int = 0  # out non-finite where ref is finite, or differing infinities
+    nonfinite_where_finite: int = 0  # of which: out NaN/Inf, ref finite
+    finite_where_inf: int = 0  # of which: out finite, ref +-inf
     n_bad: int = 0
     all_zero: bool = False
     ref_all_zero: bool = False
+    bias: float = 0.0
+    n_finite: int = 0  # elements where both out and ref are finite
     worst: list[tuple[list[int], float, float, float]] = field(default_factory=list)
 
 
@@ -104,6 +111,8 @@ def compare(
     rms = (r2 / max(n, 1)) ** 0.5
     rel_floor = max(1e-3 * rms, 1e-300)
     d2 = 0.0
+    er = 0.0  # <out - ref, ref> and <ref, ref> over both-finite elements: the bias fit
+    ref_sq = 0.0
     any_nonzero = False
     ref_nonzero = False
     cand: list[tuple[float, int, float, float]] = []
@@ -121,6 +130,8 @@ def compare(
         both_nan = torch.isnan(o64) & torch.isnan(r)
         mismatch = ~(o_fin & r_fin) & ~same_inf & ~both_nan
         m.mismatched_nonfinite += int(mismatch.sum())
+        m.nonfinite_where_finite += int((~o_fin & r_fin).sum())
+        m.finite_where_inf += int((o_fin & torch.isinf(r)).sum())
         both = o_fin & r_fin
         any_nonzero = any_nonzero or bool((o64[both] != 0).any())
         ref_nonzero = ref_nonzero or bool((r[r_fin] != 0).any())
@@ -130,6 +141,10 @@ def compare(
             rel = d / torch.clamp(r.abs(), min=rel_floor)
             m.max_rel = max(m.max_rel, float(rel.max()))
         d2 += float((d * d).sum())
+        r_both = torch.where(both, r, torch.zeros_like(r))
+        er += float((torch.where(both, o64 - r, torch.zeros_like(r)) * r_both).sum())
+        ref_sq += float((r_both * r_both).sum())
+        m.n_finite += int(both.sum())
         bad = (d > atol + rtol * torch.where(r_fin, r.abs(), torch.zeros_like(r))) | mismatch
         m.n_bad += int(bad.sum())
         if ulp_ok and both.any():
@@ -146,6 +161,7 @@ def compare(
                 if v > 0:
                     cand.append((v, s + i, float(o64[i]), float(r[i])))
     m.rel_l2 = (d2**0.5 / r2**0.5) if r2 > 0 else (0.0 if d2 == 0 else float("inf"))
+    m.bias = er / ref_sq if ref_sq > 0 else 0.0
     m.all_zero = n > 0 and not any_nonzero and m.nan == 0 and m.inf == 0
     m.ref_all_zero = not ref_nonzero
     cand.sort(key=lambda c: -c[0])

@@ -9,7 +9,7 @@ import re
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
-from kassay.validate.results import CaseResult, Report
+from kassay.validate.results import CaseResult, Report, Summary
 
 FORMATS = ("json", "junit", "markdown", "html")
 MEDIA_TYPES = {
@@ -40,6 +40,26 @@ def schema_json() -> str:
     return json.dumps(report_schema(), indent=2, sort_keys=True) + "\n"
 
 
+def status_text(c: CaseResult) -> str:
+    """The status with the case's verdict flags, e.g. `failed [baseline_suspect]`."""
+    return f"{c.status} [{', '.join(c.flags)}]" if c.flags else c.status
+
+
+def checks_line(s: Summary) -> str:
+    """Counts of the verdict flags and of the points coverage added (empty when all are 0)."""
+    parts = [
+        f"{n} {what}"
+        for n, what in (
+            (s.baseline_suspect, "baseline suspect"),
+            (s.nondeterministic, "nondeterministic"),
+            (s.biased, "biased"),
+            (s.added_by_coverage, "added by coverage"),
+        )
+        if n
+    ]
+    return ", ".join(parts)
+
+
 def worst_output(c: CaseResult) -> str:
     """One line naming the output furthest beyond its tolerance (or the largest rel_l2)."""
     failing = [o for o in c.outputs if not o.passed] or c.outputs
@@ -54,11 +74,18 @@ def worst_output(c: CaseResult) -> str:
 
 
 def to_junit(report: Report) -> str:
+    from kassay.validate.comparison_report import junit_message, regressions_by_case
+
+    # With a comparison, a passing case that regressed fails with type "regression".
+    passed = {c.case_id for c in report.cases if c.status == "passed"}
+    regressed = {
+        cid: e for cid, e in regressions_by_case(report.comparison).items() if cid in passed
+    }
     suites = ET.Element(
         "testsuites",
         name=report.name,
         tests=str(report.summary.total),
-        failures=str(report.summary.failed),
+        failures=str(report.summary.failed + len(regressed)),
         errors=str(report.summary.error + report.summary.crashed + report.summary.timeout),
     )
     by_op: dict[str, list[CaseResult]] = defaultdict(list)
@@ -70,7 +97,7 @@ def to_junit(report: Report) -> str:
             "testsuite",
             name=op,
             tests=str(len(cases)),
-            failures=str(sum(c.status == "failed" for c in cases)),
+            failures=str(sum(c.status == "failed" or c.case_id in regressed for c in cases)),
             errors=str(sum(c.status in ("error", "crashed", "timeout") for c in cases)),
             skipped=str(sum(c.status in ("unsupported", "skipped") for c in cases)),
         )
@@ -79,14 +106,25 @@ def to_junit(report: Report) -> str:
             tc = ET.SubElement(
                 ts, "testcase", classname=f"{c.op}.{c.impl}", name=c.label(), time=f"{t:.6f}"
             )
+            if c.flags or c.coverage:
+                props = ET.SubElement(tc, "properties")
+                for flag in c.flags:
+                    ET.SubElement(props, "property", name=flag, value="true")
+                if c.coverage:
+                    ET.SubElement(props, "property", name="added_by_coverage", value=c.coverage)
             if c.status == "failed":
-                f = ET.SubElement(tc, "failure", message=c.message[:500], type="tolerance")
+                kind = c.flags[0] if c.flags else "tolerance"
+                f = ET.SubElement(tc, "failure", message=c.message[:500], type=kind)
                 f.text = "\n".join(worst_output_lines(c))
             elif c.status in ("error", "crashed", "timeout"):
                 e = ET.SubElement(tc, "error", message=c.message[:500], type=c.status)
                 e.text = c.message
             elif c.status in ("unsupported", "skipped"):
                 ET.SubElement(tc, "skipped", message=f"{c.status}: {c.message}"[:500])
+            elif c.case_id in regressed:
+                msg = junit_message(regressed[c.case_id])
+                f = ET.SubElement(tc, "failure", message=msg[:500], type="regression")
+                f.text = "\n".join(regressed[c.case_id].reasons)
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode")
 
@@ -153,6 +191,9 @@ def to_markdown(report: Report) -> str:
         f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
         f"{s.skipped} skipped"
     )
+    if checks_line(s):
+        out.append("")
+        out.append(f"**Checks**: {checks_line(s)}")
     out.append("")
     out += [
         "| op | impl | cases | passed | failed | error/crash/timeout | unsupported |",
@@ -180,7 +221,8 @@ def to_markdown(report: Report) -> str:
         for c in bad[:50]:
             detail = worst_output(c) if c.status == "failed" else c.message
             out.append(
-                f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {c.status} | {_md(detail)} |"
+                f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {_md(status_text(c))} | "
+                f"{_md(detail)} |"
             )
         if len(bad) > 50:
             out.append(f"| … | {len(bad) - 50} more | | |")
@@ -209,6 +251,10 @@ def to_markdown(report: Report) -> str:
                 f"{(t.roofline_fraction or 0) * 100:.1f}% | "
                 f"{f'{t.speedup_vs_baseline:.2f}x' if t.speedup_vs_baseline else '-'} | {mem} |"
             )
+    if report.comparison is not None:
+        from kassay.validate.comparison_report import to_markdown as comparison_markdown
+
+        out += ["", comparison_markdown(report.comparison, heading="###").rstrip("\n")]
     if report.environments:
         e = report.environments[0]
         out += [
@@ -253,7 +299,7 @@ def _html_table(report: Report) -> str:
         color = {"passed": "#e6ffed", "failed": "#ffeef0"}.get(c.status, "#fff5b1")
         rows.append(
             f"<tr style='background:{color}'><td>{html.escape(c.op)}.{html.escape(c.impl)}</td>"
-            f"<td>{html.escape(c.label())}</td><td>{c.status}</td>"
+            f"<td>{html.escape(c.label())}</td><td>{html.escape(status_text(c))}</td>"
             f"<td>{html.escape(worst_output(c) if c.outputs else c.message)}</td>"
             f"<td>{fmt_device_ms(c)}</td><td>{fmt_host_ms(c)}</td></tr>"
         )
@@ -272,5 +318,7 @@ def to_html(report: Report) -> str:
         "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}</style></head><body>"
         f"<h1>{title}</h1><p>{s.total} cases: {s.passed} passed, {s.failed} failed, "
         f"{s.error} error, {s.crashed} crashed, {s.timeout} timeout, "
-        f"{s.unsupported} unsupported</p>{_html_table(report)}</body></html>"
+        f"{s.unsupported} unsupported</p>"
+        + (f"<p>Checks: {html.escape(checks_line(s))}</p>" if checks_line(s) else "")
+        + f"{_html_table(report)}</body></html>"
     )

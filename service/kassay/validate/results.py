@@ -11,9 +11,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kassay.validate.comparison import Comparison
+
 REPORT_SCHEMA_VERSION: Literal["kassay.report/v1"] = "kassay.report/v1"
 
 Status = Literal["passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped"]
+# Flags a case carries beside its status: why a verdict is what it is.
+#   baseline_suspect: the group's baseline is far from the truth; its limits were not used.
+#   nondeterministic: two runs on the same inputs differ (fails unless the impl declares it).
+#   biased: an output is scaled by a systematic factor beyond the baseline's.
+FLAGS: tuple[str, ...] = ("baseline_suspect", "nondeterministic", "biased")
+
 STATUSES: tuple[str, ...] = (
     "passed",
     "failed",
@@ -57,6 +65,11 @@ class OutputMetrics(BaseModel):
     baseline_rel_l2: float | None = None
     passed: bool = True
     reason: str = ""
+    # Verdict checks beyond the tolerance (None: not checked, e.g. a missing output).
+    baseline_suspect: bool = False  # the baseline's own error here is far above the floor
+    bias: float | None = None  # s of the least-squares fit out ~ (1 + s) * ref
+    bias_limit: float | None = None  # largest |s - baseline's s| accepted
+    run_to_run_max_abs: float | None = None  # max |run 1 - run 2| (0: bit-identical)
 
 
 class TimingStats(BaseModel):
@@ -69,7 +82,7 @@ class TimingStats(BaseModel):
     hardware slowdown) and `power_capped` says the board sat at its power limit."""
 
     model_config = ConfigDict(extra="forbid")
-    clock: Literal["cuda_events", "cpu_perf_counter"]
+    clock: Literal["cuda_events", "cpu_perf_counter", "cpu_process_time"]
     mode: Literal["graph", "events", "cpu"] = "events"
     n: int
     median_ms: float
@@ -91,6 +104,11 @@ class TimingStats(BaseModel):
     power_limit_w: float | None = None
     throttle_reasons: list[str] = Field(default_factory=list)
     power_capped: bool = False
+    samples_ms: list[float] = Field(
+        default_factory=list,
+        description="every repetition's time in the order measured: comparisons between jobs "
+        "judge a change against this spread (kassay.validate.median_ratio)",
+    )
 
     @property
     def throttled(self) -> bool:
@@ -141,10 +159,15 @@ class CaseResult(BaseModel):
     worker: str | None = None
     device: str | None = None
     environment: Environment | None = None
+    # Empty for points of the user's grid; else what default coverage added this point for
+    # (e.g. "ragged sizes", "regime fa2_inf", "options bias+softcap").
+    coverage: str = ""
+    flags: list[str] = Field(default_factory=list)  # a subset of FLAGS
 
     def label(self) -> str:
         p = ",".join(f"{k}={v}" for k, v in self.params.items())
-        return f"{p} [{self.regime} seed={self.seed}]"
+        cov = f" +coverage: {self.coverage}" if self.coverage else ""
+        return f"{p} [{self.regime} seed={self.seed}]{cov}"
 
 
 class Summary(BaseModel):
@@ -157,12 +180,21 @@ class Summary(BaseModel):
     unsupported: int = 0
     skipped: int = 0
     ok: bool = True
+    # cases carrying each flag, and cases at points default coverage added
+    baseline_suspect: int = 0
+    nondeterministic: int = 0
+    biased: int = 0
+    added_by_coverage: int = 0
 
     @classmethod
     def of(cls, cases: list[CaseResult]) -> Summary:
         s = cls(total=len(cases))
         for c in cases:
             setattr(s, c.status, getattr(s, c.status) + 1)
+            for f in c.flags:
+                if f in FLAGS:
+                    setattr(s, f, getattr(s, f) + 1)
+            s.added_by_coverage += bool(c.coverage)
         s.ok = s.failed == 0 and s.error == 0 and s.crashed == 0 and s.timeout == 0
         return s
 
@@ -180,3 +212,6 @@ class Report(BaseModel):
     environments: list[Environment] = Field(default_factory=list)
     summary: Summary
     cases: list[CaseResult]
+    comparison: Comparison | None = Field(
+        None, description="the job against the one its spec's compare_to names, once over"
+    )

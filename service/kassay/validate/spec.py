@@ -5,6 +5,8 @@ to run, the baseline, params (a list value is a grid axis: the grid is the carte
 every list-valued param), input regimes, seeds, the tolerance policy and the timing policy.
 Expansion turns a suite into input groups (op, params, regime, seed: one set of inputs and one
 float64 reference) each carrying the impls to run on them; a case is one impl in one group.
+A suite that lists no regimes runs every regime of its op; unless `coverage: none`, default
+coverage (kassay.validate.coverage) adds edge points, marked as added in every report.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from kassay.errors import CaseLimitError, InvalidSpecError
 from kassay.validate.documents import load_document
@@ -71,6 +80,12 @@ class TimingPolicy(BaseModel):
         description="time CUDA-graph replays of the call where it can be captured (falls back "
         "to direct calls otherwise)",
     )
+    cpu_clock: Literal["wall", "process"] = Field(
+        "wall",
+        description="on the CPU: `wall` (time.perf_counter: what a caller waits) or `process` "
+        "(time.process_time: the CPU time of the executor process, all its threads; other "
+        "processes taking the CPU away do not count, so it is steadier on a shared runner)",
+    )
 
 
 class Suite(BaseModel):
@@ -79,10 +94,21 @@ class Suite(BaseModel):
     impls: list[Name] = Field(min_length=1, max_length=64)
     baseline: Name = "torch"
     params: dict[str, Any] = Field(default_factory=dict, max_length=64)
-    regimes: list[Name] = Field(default_factory=lambda: ["normal"], min_length=1, max_length=64)
+    # None: every regime of the op
+    regimes: list[Name] | None = Field(None, min_length=1, max_length=64)
     seeds: list[Seed] = Field(default_factory=lambda: [0], min_length=1, max_length=100_000)
+    # standard: add the edge points of kassay.validate.coverage; none: only the grid
+    coverage: Literal["standard", "none"] = "standard"
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
+    regression_threshold: float | None = Field(
+        None,
+        gt=0,
+        le=10,
+        description="a comparison with an earlier job flags a case of this suite as slower (or "
+        "using more memory) when the change is significant and beyond this fraction (0.03: 3%); "
+        "unset: the job's compare_to.threshold, else 0.03",
+    )
 
     @field_validator("impls")
     @classmethod
@@ -90,6 +116,24 @@ class Suite(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("impls must not repeat a name")
         return v
+
+
+class CompareTo(BaseModel):
+    """What a job is compared with once it is over: a job by id, or the latest finished job
+    with the same name, these labels and the same device kind (e.g. `{branch: main}`)."""
+
+    model_config = _STRICT
+    job: str | None = Field(None, min_length=1, max_length=40, pattern=r"^[A-Za-z0-9_\-]+$")
+    labels: dict[LabelKey, LabelValue] | None = Field(None, max_length=MAX_LABELS)
+    threshold: float | None = Field(
+        None, gt=0, le=10, description="the regression threshold of suites that set none"
+    )
+
+    @model_validator(mode="after")
+    def _one_target(self) -> CompareTo:
+        if (self.job is None) == (self.labels is None):
+            raise ValueError("compare_to needs exactly one of `job` or `labels`")
+        return self
 
 
 class JobSpec(BaseModel):
@@ -104,6 +148,11 @@ class JobSpec(BaseModel):
         le=7 * 86400,
         description="end the job (unfinished cases: timeout) this long after submission; the "
         "server's KASSAY_MAX_JOB_S caps it",
+    )
+    compare_to: CompareTo | None = Field(
+        None,
+        description="compare the job, once over, with this one; the service records the "
+        "verdict with the job and its reports include it",
     )
     artifacts: list[Digest] = Field(
         default_factory=list,
@@ -136,6 +185,7 @@ class GroupSpec(BaseModel):
     baseline: str = "torch"
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
+    coverage: str = ""  # empty: a point of the user's grid; else why coverage added it
     #: the job's artifacts: this group runs only in a sandboxed executor that loaded them
     artifacts: list[Digest] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
 
@@ -194,13 +244,27 @@ def _grid(params: dict[str, Any]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values())]
 
 
+def suite_regimes(suite: Suite) -> list[str]:
+    """The regimes a suite runs: those it lists, else every regime of its op."""
+    if suite.regimes is not None:
+        return list(suite.regimes)
+    from kassay.ops import get_op
+
+    return list(get_op(suite.op).regimes)
+
+
 def count_cases(spec: JobSpec) -> int:
+    """Cases of the user's grids (coverage adds a bounded number more; `expand` counts them)."""
     total = 0
     for s in spec.suites:
         n = 1
         for v in s.params.values():
             n *= len(v) if isinstance(v, list) else 1
-        total += n * len(s.regimes) * len(s.seeds) * len(s.impls)
+        try:
+            n_regimes = len(suite_regimes(s))
+        except InvalidSpecError:
+            n_regimes = 1
+        total += n * n_regimes * len(s.seeds) * len(s.impls)
     return total
 
 
@@ -257,12 +321,14 @@ def expand(
             except InvalidSpecError as exc:
                 exc.details["loc"] = ["suites", si, "impls"]
                 raise
-        for regime in suite.regimes:
+        regimes = suite_regimes(suite)
+        for regime in regimes:
             try:
                 op.check_regime(regime)
             except InvalidSpecError as exc:
                 exc.details["loc"] = ["suites", si, "regimes"]
                 raise
+        points = []
         for point in _grid(suite.params):
             try:
                 params = op.parse_params(point).model_dump()
@@ -271,7 +337,8 @@ def expand(
                 err.message = f"{err.message} (grid point {point})"
                 err.args = (err.message,)
                 raise err from None
-            for regime in suite.regimes:
+            points.append(params)
+            for regime in regimes:
                 for seed in suite.seeds:
                     groups.append(
                         GroupSpec(
@@ -288,7 +355,64 @@ def expand(
                             artifacts=list(spec.artifacts),
                         )
                     )
+        if suite.coverage == "standard":
+            groups += _coverage_groups(
+                op, suite, si, points, regimes, groups, artifacts=list(spec.artifacts)
+            )
+    n_cov = sum(len(g.impls) for g in groups if g.coverage)
+    if n_cov and n + n_cov > cap:
+        raise CaseLimitError(
+            f"job expands to {n + n_cov} cases ({n_cov} added by coverage), over the cap of "
+            f"{cap}; split it, shrink the grid or set coverage: none",
+            details={"cases": n + n_cov, "cap": cap},
+        )
     ids = [g.group_id for g in groups]
     if len(set(ids)) != len(ids):
         raise InvalidSpecError("the grid repeats a point (same params, regime and seed twice)")
     return groups
+
+
+def _coverage_groups(
+    op: Any,
+    suite: Suite,
+    si: int,
+    points: list[dict[str, Any]],
+    regimes: list[str],
+    existing: list[GroupSpec],
+    *,
+    artifacts: list[str],
+) -> list[GroupSpec]:
+    """Groups for the edge points coverage adds to one suite: valid for the op, not already in
+    the grid, at the suite's first seed, untimed; they load the job's `artifacts` as its grid
+    groups do (the suite's impls may come from them)."""
+    from kassay.validate.coverage import coverage_points
+
+    seen = {(json.dumps(g.params, sort_keys=True), g.regime) for g in existing}
+    seed = suite.seeds[0]
+    out = []
+    for raw, regime, note in coverage_points(op.name, points, regimes, tuple(op.regimes)):
+        try:
+            params = op.parse_params(raw).model_dump()
+        except ValidationError:
+            continue  # an edge point this op's params reject (e.g. ignore_index inside V)
+        key = (json.dumps(params, sort_keys=True), regime)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(
+            GroupSpec(
+                group_id=_group_id(op.name, params, regime, seed, si),
+                suite_index=si,
+                op=op.name,
+                params=params,
+                regime=regime,
+                seed=seed,
+                impls=list(suite.impls),
+                baseline=suite.baseline,
+                tolerance=suite.tolerance,
+                timing=TimingPolicy(enabled=False),
+                coverage=note,
+                artifacts=list(artifacts),
+            )
+        )
+    return out

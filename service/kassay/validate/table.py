@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kassay.validate.reports import fmt_device_ms, fmt_host_ms, worst_output
+from kassay.validate.reports import (
+    checks_line,
+    fmt_device_ms,
+    fmt_host_ms,
+    status_text,
+    worst_output,
+)
 from kassay.validate.results import Report
 
 _COLORS = {"passed": "green", "failed": "red", "unsupported": "dim", "skipped": "dim"}
@@ -15,7 +21,7 @@ def summary_table(report: Report, *, max_rows: int = 200) -> Table:
     t = Table(
         title=f"kassay: {report.name} — {s.passed}/{s.total} passed, {s.failed} failed, "
         f"{s.error + s.crashed + s.timeout} error/crash/timeout, "
-        f"{s.unsupported} unsupported"
+        f"{s.unsupported} unsupported" + (f" — {checks_line(s)}" if checks_line(s) else "")
     )
     for col in (
         "op.impl",
@@ -37,7 +43,7 @@ def summary_table(report: Report, *, max_rows: int = 200) -> Table:
             f"{c.op}.{c.impl}",
             c.label(),
             c.dtype,
-            f"[{color}]{c.status}[/{color}]",
+            f"[{color}]{status_text(c)}[/{color}]",
             worst_output(c) if c.outputs else c.message,
             ms,
             fmt_host_ms(c),

@@ -3,22 +3,26 @@
 Two figures per case, both labelled:
 
 - **device** time (the headline: TFLOP/s, GB/s, roofline and speed-up come from it): what the GPU
-  spends on one call. The call is captured once in a CUDA graph and replayed (mode `graph`);
-  an impl that cannot be captured (a host sync, a data-dependent host branch, ...) is called
-  directly (mode `events`). Either way repetitions are enqueued back to back in batches, each
-  between two CUDA events with the L2 flush enqueued before it, and the host synchronises only
-  after a batch (triton.testing.do_bench's method), so the GPU never idles waiting for Python and
-  that idle time is not counted. Per-repetition launches in `events` mode still cost the host
-  time; when the host is slower than the kernel the GPU waits between events and the figure
-  includes it: `graph` mode is the cure, and the reason a case fell back is recorded.
+  spends on one call. Repetitions are enqueued back to back in batches, each between two CUDA
+  events with the L2 flush (a fill kernel over twice the L2) enqueued before it, and the host
+  synchronises once per batch (triton.testing.do_bench's method). Direct calls (mode `events`)
+  keep the device busy whenever the host enqueues a call faster than the device runs it; when
+  the host is the slower side the device would wait for Python between the events, so the call
+  is replayed from a CUDA graph instead (mode `graph`), captured several times into one graph
+  for short calls with a graph of the flushes alone subtracted (no graph-launch latency counted
+  either). time_call measures both and picks; why a case was not timed as a graph is recorded.
 - **wall** time: one call from the host's point of view (launches + device + a synchronise),
   median of a few calls: `host_overhead_ms` = wall - device shows a slow wrapper as such.
 
 L2: cold (flushed before every repetition, the default) or warm, by `TimingPolicy.flush_l2`.
-On the CPU both figures are the same monotonic-clock time and the mode is `cpu`.
+On the CPU both figures are the same clock's time and the mode is `cpu`: time.perf_counter
+(`cpu_perf_counter`), or with the policy's cpu_clock `process` time.process_time
+(`cpu_process_time`: other processes on a shared runner cannot inflate it). Every repetition's
+time is kept in the result (`samples_ms`) for comparisons between jobs.
 Repetitions continue, batch after batch, until the standard error of the median
 (1.2533 * std / sqrt(n)) falls under target_rel_sem of the median, with at least min_reps, at
 most max_reps, within budget_s. The SM clock and board power are sampled meanwhile (gpu_state).
+bench/timing_fidelity.py checks the result against CUPTI's kernel durations.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def stats(times_ms: list[float], clock: str, flushed: bool, mode: str = "") -> T
     sem = 1.2533 * std / math.sqrt(len(times_ms))
     return TimingStats(
         clock=clock,  # type: ignore[arg-type]
-        mode=mode or ("cpu" if clock == "cpu_perf_counter" else "events"),  # type: ignore[arg-type]
+        mode=mode or ("events" if clock == "cuda_events" else "cpu"),  # type: ignore[arg-type]
         n=len(times_ms),
         median_ms=med,
         mean_ms=statistics.fmean(times_ms),
@@ -83,6 +87,7 @@ def stats(times_ms: list[float], clock: str, flushed: bool, mode: str = "") -> T
         p90_ms=_quantile(times_ms, 0.9),
         rel_sem=sem / med if med > 0 else 0.0,
         l2_flushed=flushed,
+        samples_ms=list(times_ms),
     )
 
 
@@ -102,9 +107,42 @@ def _batch_size(estimate_ms: float, policy: TimingPolicy, done: int) -> int:
     return max(1, min(n, policy.max_reps - done))
 
 
-def _capture(fn: Callable[[], object], device: torch.device) -> tuple[Any | None, str | None]:
-    """A CUDA graph of one call, or (None, why not). The call has run (warm-up) before, so its
-    kernels are compiled and its allocator pools exist."""
+def _syncs(fn: Callable[[], object], device: torch.device) -> str | None:
+    """Run `fn` once with torch's sync debug mode set to error: the text of the first host
+    synchronisation it makes (such a call cannot be captured), or None."""
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    except RuntimeError as exc:
+        if "synchroniz" not in str(exc):
+            raise
+        return " ".join(str(exc).split())[:200]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        torch.cuda.synchronize(device)
+    return None
+
+
+def _restore_after_failed_capture(device: torch.device) -> None:
+    """A capture that raised leaves the default CUDA generator marked as capturing (the next
+    random draw fails with "Offset increment outside graph capture"): one trivial capture that
+    ends normally clears the mark. Checked with a draw."""
+    torch.cuda.synchronize(device)
+    scratch = torch.zeros(1, device=device)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        scratch.add_(1)
+    del g
+    torch.randn(1, device=device)
+    torch.cuda.synchronize(device)
+
+
+def _capture(
+    fn: Callable[[], object], device: torch.device, *, reps: int = 1, flush: torch.Tensor | None
+) -> tuple[Any | None, str | None]:
+    """A CUDA graph of `reps` calls (each after the flush, when given), or (None, why not).
+    The call has run (warm-up) before, so its kernels are compiled and its pools exist."""
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     graph = torch.cuda.CUDAGraph()
@@ -114,14 +152,21 @@ def _capture(fn: Callable[[], object], device: torch.device) -> tuple[Any | None
         torch.cuda.current_stream(device).wait_stream(stream)
         torch.cuda.synchronize(device)
         with torch.cuda.graph(graph, stream=stream):
-            fn()
+            for _ in range(reps):
+                if flush is not None:
+                    _flush(flush)
+                fn()
         torch.cuda.synchronize(device)
     except Exception as exc:
-        # A failed capture is ended by torch.cuda.graph; make sure the device is usable again.
-        torch.cuda.synchronize(device)
+        _restore_after_failed_capture(device)
         text = " ".join(str(exc).split())
         return None, f"{type(exc).__name__}: {text[:200]}"
     return graph, None
+
+
+def _flush(buf: torch.Tensor) -> None:
+    # A fill kernel, not a memset: inside a CUDA graph a memset may run on a copy engine.
+    buf.fill_(1)
 
 
 def _device_times(
@@ -129,72 +174,147 @@ def _device_times(
     device: torch.device,
     policy: TimingPolicy,
     estimate_ms: float,
+    *,
+    flush: bool,
+    per_call: int = 1,
+    baseline: Callable[[], object] | None = None,
 ) -> list[float]:
-    """Per-repetition device times (ms), repetitions enqueued in batches without host syncs."""
-    flush = policy.flush_l2
+    """Per-call device times (ms). Repetitions are enqueued in batches with the host synced
+    once per batch; each is bracketed by CUDA events (the flush, when asked, enqueued before
+    the start event). With `per_call` > 1 one repetition runs that many calls; with `baseline`,
+    a repetition of it is timed right after each one and subtracted (both graphs pay one
+    launch and the same flushes, which the difference removes)."""
     buf = _flush_buffer(device) if flush else None
     times: list[float] = []
     t_end = time.perf_counter() + policy.budget_s
     while not _enough(times, policy, t_end):
-        n = _batch_size(estimate_ms, policy, len(times))
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        stops = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+        n = _batch_size(estimate_ms * per_call, policy, len(times))
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(4 * n)]
         for i in range(n):
             if buf is not None:
-                buf.zero_()
-            starts[i].record()
+                _flush(buf)
+            marks[4 * i].record()
             call()
-            stops[i].record()
-        stops[-1].synchronize()
-        times += [s.elapsed_time(e) for s, e in zip(starts, stops, strict=True)]
-        estimate_ms = statistics.median(times)
+            marks[4 * i + 1].record()
+            if baseline is not None:
+                marks[4 * i + 2].record()
+                baseline()
+                marks[4 * i + 3].record()
+        marks[4 * n - 3 if baseline is None else 4 * n - 1].synchronize()
+        for i in range(n):
+            t = marks[4 * i].elapsed_time(marks[4 * i + 1])
+            if baseline is not None:
+                t -= marks[4 * i + 2].elapsed_time(marks[4 * i + 3])
+            times.append(t / per_call)
+        estimate_ms = max(statistics.median(times), 1e-4)
     return times
 
 
 def _wall_times(
     fn: Callable[[], object], device: torch.device, policy: TimingPolicy, reps: int
 ) -> list[float]:
-    """Host-side time of whole calls (launch + device + synchronise), ms."""
-    cuda = device.type == "cuda"
-    buf = _flush_buffer(device) if cuda and policy.flush_l2 else None
-    out: list[float] = []
+    """Host-side times (ms) of whole calls: launch + device + synchronise."""
+    buf = _flush_buffer(device) if policy.flush_l2 else None
+    wall: list[float] = []
     for _ in range(reps):
         if buf is not None:
-            buf.zero_()
-        if cuda:
-            torch.cuda.synchronize(device)
+            _flush(buf)
+        torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         fn()
-        if cuda:
-            torch.cuda.synchronize(device)
-        out.append((time.perf_counter() - t0) * 1e3)
-    return out
+        torch.cuda.synchronize(device)
+        wall.append((time.perf_counter() - t0) * 1e3)
+    return wall
+
+
+#: below this device time per call a graph launch's few microseconds matter: the call is
+#: captured several times into one graph (about _UNROLL_DEVICE_MS of work) and a graph of the
+#: flushes alone is subtracted
+_UNROLL_BELOW_MS = 1.0
+_UNROLL_DEVICE_MS = 2.0
+#: a graph replay must beat direct calls by this much to be chosen
+_GRAPH_GAIN = 0.9
+
+
+def _quick(call: Callable[[], object], device: torch.device, flush: bool) -> float:
+    return statistics.median(
+        _device_times(call, device, TimingPolicy(min_reps=5, max_reps=5), 1.0, flush=flush)
+    )
 
 
 def time_call(fn: Callable[[], object], device: torch.device, policy: TimingPolicy) -> TimingStats:
     """Time `fn` (which runs one whole case: e.g. forward + backward) per `policy`: device
-    time as the headline, wall time and host overhead beside it (see the module docstring)."""
+    time as the headline, wall time and host overhead beside it.
+
+    The mode is chosen per call by measuring both. Direct calls back to back (`events`) time
+    exactly what runs eagerly, and keep the device busy whenever the host enqueues a call faster
+    than the device runs it. When the host is the slower side (a short kernel behind a Python
+    wrapper) the device waits for it between events; then a CUDA-graph replay of the call is
+    faster, and taken (`graph`). A graph can also change what runs (a copy captured as a graph
+    node may run on a copy engine), which is why it must be faster to be chosen. A short call
+    is captured several times into one graph and a graph of the flushes alone is subtracted,
+    so a graph launch's latency is not counted either."""
     if device.type != "cuda":
         return _time_cpu(fn, policy)
     for _ in range(policy.warmup):
         fn()
     torch.cuda.synchronize(device)
-    wall = _wall_times(fn, device, policy, max(1, min(_WALL_REPS, policy.max_reps)))
+    wall = _wall_times(fn, device, policy, max(2, min(_WALL_REPS, policy.max_reps)))
+    wall_ms = statistics.median(wall)
+    flush = policy.flush_l2
+    buf = _flush_buffer(device) if flush else None
+    direct_ms = _quick(fn, device, flush)
+    why: str | None
     graph: Any = None
-    why: str | None = "disabled by the timing policy"
-    if policy.cuda_graph:
-        graph, why = _capture(fn, device)
-    call: Callable[[], object] = graph.replay if graph is not None else fn
+    flushes: Any = None
+    per_call = 1
+    if not policy.cuda_graph:
+        why = "disabled by the timing policy"
+    else:
+        syncing = _syncs(fn, device)
+        if syncing is not None:
+            why = f"the call synchronises with the host ({syncing})"
+        else:
+            graph, why = _capture(fn, device, reps=1, flush=None)
+    if graph is not None:
+        replay_ms = _quick(graph.replay, device, flush)
+        if replay_ms >= _GRAPH_GAIN * direct_ms:
+            graph = None
+            why = (
+                f"direct calls keep the device busy (graph replay {replay_ms:.4g} ms, "
+                f"direct {direct_ms:.4g} ms)"
+            )
+        elif replay_ms < _UNROLL_BELOW_MS:
+            per_call = max(1, min(100, int(_UNROLL_DEVICE_MS / max(replay_ms, 1e-3))))
+            if per_call > 1:
+                many, _ = _capture(fn, device, reps=per_call, flush=buf)
+                if buf is not None:
+                    flushes, _ = _capture(lambda: None, device, reps=per_call, flush=buf)
+                if many is not None and (buf is None or flushes is not None):
+                    graph = many
+                else:
+                    flushes, per_call = None, 1
     sampler = GpuSampler(device).start()
     try:
-        times = _device_times(call, device, policy, statistics.median(wall))
+        if graph is not None:
+            times = _device_times(
+                graph.replay,
+                device,
+                policy,
+                direct_ms,
+                flush=flush and per_call == 1,
+                per_call=per_call,
+                baseline=flushes.replay if flushes is not None else None,
+            )
+        else:
+            times = _device_times(fn, device, policy, direct_ms, flush=flush)
     finally:
         state = sampler.stop()
-        del graph
-    out = stats(times, "cuda_events", policy.flush_l2, "graph" if call is not fn else "events")
-    out.graph_fallback = None if call is not fn else why
-    out.wall_median_ms = statistics.median(wall)
-    out.host_overhead_ms = max(0.0, out.wall_median_ms - out.median_ms)
+        del graph, flushes
+    out = stats(times, "cuda_events", flush, "events" if why else "graph")
+    out.graph_fallback = why
+    out.wall_median_ms = wall_ms
+    out.host_overhead_ms = max(0.0, wall_ms - out.median_ms)
     out.sm_clock_mhz = state.sm_clock_mhz
     out.power_w = state.power_w
     out.power_limit_w = state.power_limit_w
@@ -206,33 +326,17 @@ def time_call(fn: Callable[[], object], device: torch.device, policy: TimingPoli
 def _time_cpu(fn: Callable[[], object], policy: TimingPolicy) -> TimingStats:
     for _ in range(policy.warmup):
         fn()
+    # perf_counter measures what a caller waits; process_time the CPU the executor spends (all
+    # threads), which other processes on a shared host cannot inflate.
+    clock = time.process_time if policy.cpu_clock == "process" else time.perf_counter
     times: list[float] = []
     t_end = time.perf_counter() + policy.budget_s
     while not _enough(times, policy, t_end):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    out = stats(times, "cpu_perf_counter", False, "cpu")
+        times.append((clock() - t0) * 1e3)
+    label = "cpu_process_time" if policy.cpu_clock == "process" else "cpu_perf_counter"
+    out = stats(times, label, False, "cpu")
     out.wall_median_ms = out.median_ms
     out.host_overhead_ms = 0.0
     return out
-
-
-def profiler_device_ms(fn: Callable[[], object], reps: int = 20) -> float:
-    """The reference the engine's device time is checked against: the mean per call of the
-    summed durations of the device activities (kernels, memcpy, memset) that torch.profiler
-    (CUPTI) records while `fn` runs `reps` times. Used by the GPU tests and
-    bench/timing_fidelity.py."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            fn()
-        torch.cuda.synchronize()
-    total_us = sum(
-        e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA
-    )
-    return total_us / reps / 1e3

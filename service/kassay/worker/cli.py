@@ -4,7 +4,10 @@
                   [--enable-test-impls] [--case-timeout S] [--worker-id ID]
 
 Flags override the KASSAY_* settings (KASSAY_WORKER_LISTEN, KASSAY_DEVICE,
-KASSAY_ENABLE_TEST_IMPLS, KASSAY_CASE_TIMEOUT_S, ...). Heavy imports (grpc, torch) happen inside
+KASSAY_ENABLE_TEST_IMPLS, KASSAY_CASE_TIMEOUT_S, ...). The token and TLS files come from the
+environment only (KASSAY_WORKER_TOKEN, KASSAY_WORKER_TLS_CERT/KEY/CLIENT_CA): a command line is
+visible to every user of the host. Without a token or mTLS the worker listens on loopback only
+(unless KASSAY_WORKER_ALLOW_UNAUTHENTICATED=true). Heavy imports (grpc, torch) happen inside
 the command so that `kassay --help` stays fast.
 """
 
@@ -92,6 +95,16 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         case_timeout_s=settings.case_timeout_s,
         start_timeout_s=settings.executor_start_timeout_s,
         shutdown_grace_s=settings.worker_shutdown_grace_s,
+        token=settings.worker_token.get_secret_value() if settings.worker_token else None,
+        allow_unauthenticated=settings.worker_allow_unauthenticated,
+        tls_cert=settings.worker_tls_cert,
+        tls_key=settings.worker_tls_key,
+        tls_client_ca=settings.worker_tls_client_ca,
+        enable_mutants=settings.enable_mutants,
+        max_run_groups=settings.max_run_groups,
+        max_queued_groups=settings.max_queued_groups,
+        max_group_impls=settings.max_group_impls,
+        max_timing_budget_s=settings.max_timing_budget_s,
         artifact_dir=str(artifact_dir.resolve()) if settings.worker_artifacts else None,
         max_artifact_bytes=settings.max_artifact_bytes,
         sandbox=SandboxConfig(

@@ -159,6 +159,7 @@ def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
         seed=group.seed,
         impls=list(group.impls),
         baseline=group.baseline,
+        coverage=group.coverage,
         artifacts=list(group.artifacts),
     )
     set_params(msg, group.op, group.params)
@@ -199,6 +200,7 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
             "baseline": msg.baseline or "torch",
             "tolerance": tolerance,
             "timing": timing,
+            "coverage": msg.coverage,
             "artifacts": list(msg.artifacts),
         },
         loc,

@@ -5,6 +5,10 @@ it starts or restarts and for good once shutdown begins. SIGTERM/SIGINT drain th
 calls are refused (UNAVAILABLE), the running case finishes, every other case of the queued groups
 is handed back in GroupDone.not_run, the streams end, then the process exits 0.
 
+Who may call it and what a call may ask are kassay.worker.access (token, TLS/mTLS, loopback
+unless authenticated) and WorkerService._limits (the worker's own caps on a Run, whatever the
+caller is).
+
 Artifacts (code a job brings) arrive through PutArtifact, are checked against their sha256 and
 kept in the artifact cache; groups that name them run only in sandboxed executors
 (kassay.worker.sandbox), and Describe says what that sandbox stops on this host.
@@ -18,6 +22,7 @@ import importlib
 import logging
 import signal
 import socket
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,14 +39,16 @@ from kassay import __version__
 from kassay.errors import (
     ConflictError,
     InvalidSpecError,
+    ResourceError,
     UnknownImplError,
     WorkerUnavailableError,
 )
 from kassay.v1 import worker_pb2 as pb
 from kassay.v1 import worker_pb2_grpc
 from kassay.validate.results import CaseResult
-from kassay.validate.spec import GroupSpec
+from kassay.validate.spec import MAX_ARTIFACTS, GroupSpec
 from kassay.worker import convert
+from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor
 from kassay.worker.sandbox import SandboxConfig
@@ -50,6 +57,8 @@ from kassay.worker.supervisor import ExecutorStartError, RunHandle, Supervisor
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Worker"].full_name
+#: longest run id and group id a Run may carry
+MAX_ID_CHARS = 256
 
 
 @dataclass
@@ -61,6 +70,18 @@ class WorkerConfig:
     case_timeout_s: float = 300.0
     start_timeout_s: float = 120.0
     shutdown_grace_s: float = 30.0
+    # who may talk to it (kassay.worker.access)
+    token: str | None = None
+    allow_unauthenticated: bool = False
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    # what one Run may ask, whatever the caller says
+    enable_mutants: bool = False
+    max_run_groups: int = 64
+    max_queued_groups: int = 4096
+    max_group_impls: int = 65
+    max_timing_budget_s: float = 60.0
     #: the artifact cache; None: this worker runs no artifacts
     artifact_dir: str | None = None
     max_artifact_bytes: int = 64 * 2**20
@@ -141,6 +162,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 setattr(resp.ceilings, key, float(ceilings[key]))
         resp.ceilings.all.update({k: float(v) for k, v in ceilings.items()})
         for op in info.get("ops", []):
+            if not self.config.enable_mutants:  # the worker runs none: do not offer them
+                op = {**op, "impls": [m for m in op["impls"] if m["kind"] != "mutant"]}
             convert.fill(resp.ops.add(), op)
         snap = self.sup.snapshot()
         snap["state"] = pb.ExecutorState.Value(f"EXECUTOR_STATE_{snap['state']}")
@@ -159,6 +182,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self, request: pb.ArtifactStatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.ArtifactStatusResponse:
         cache = self._cache()
+        # As many as one Run's groups can name: a cap of the worker's own, like Run's.
+        cap = MAX_ARTIFACTS * self.config.max_run_groups
+        if len(request.digests) > cap:
+            raise InvalidSpecError(
+                f"digests: {len(request.digests)} asked at once; this worker answers at most {cap}",
+                details={"errors": [{"loc": ["digests"], "msg": "too many digests"}]},
+            )
         missing = await asyncio.to_thread(cache.missing, list(request.digests))
         return pb.ArtifactStatusResponse(missing=missing)
 
@@ -251,31 +281,81 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                             },
                         )
 
+    def _limits(self, request: pb.RunRequest) -> None:
+        """The worker's own caps on a Run, checked before anything is parsed or queued: the
+        API bounds what it sends, but the worker does not rely on its caller for that."""
+        cfg = self.config
+
+        def refuse(loc: list[Any], msg: str, text: str) -> InvalidSpecError:
+            return InvalidSpecError(text, details={"errors": [{"loc": loc, "msg": msg}]})
+
+        if not request.groups:
+            raise refuse(["groups"], "empty", "groups: a run needs at least one group")
+        if len(request.groups) > cfg.max_run_groups:
+            raise refuse(
+                ["groups"],
+                "too many groups",
+                f"groups: {len(request.groups)} groups in one run; this worker takes at most "
+                f"{cfg.max_run_groups} (KASSAY_MAX_RUN_GROUPS)",
+            )
+        if len(request.run_id) > MAX_ID_CHARS:
+            raise refuse(["run_id"], "too long", f"run_id: at most {MAX_ID_CHARS} characters")
+        if request.HasField("case_timeout_s") and not request.case_timeout_s >= 0:
+            raise refuse(["case_timeout_s"], "negative", "case_timeout_s: must not be negative")
+        for i, g in enumerate(request.groups):
+            if len(g.group_id) > MAX_ID_CHARS:
+                raise refuse(
+                    ["groups", i, "group_id"],
+                    "too long",
+                    f"groups.{i}.group_id: at most {MAX_ID_CHARS} characters",
+                )
+            if len(g.impls) > cfg.max_group_impls:
+                raise refuse(
+                    ["groups", i, "impls"],
+                    "too many impls",
+                    f"groups.{i}.impls: {len(g.impls)} impls; this worker runs at most "
+                    f"{cfg.max_group_impls} per group (KASSAY_MAX_GROUP_IMPLS)",
+                )
+        queued = int(self.sup.snapshot().get("queued_groups", 0))
+        if queued + len(request.groups) > cfg.max_queued_groups:
+            raise ResourceError(
+                f"the worker's queue is full ({queued} groups queued, at most "
+                f"{cfg.max_queued_groups}); try again later",
+                details={"queued_groups": queued, "max_queued_groups": cfg.max_queued_groups},
+            )
+
+    def _within_budget(self, groups: list[GroupSpec]) -> list[GroupSpec]:
+        """Timing budgets cut to the worker's limit (the case's other settings untouched)."""
+        cap = self.config.max_timing_budget_s
+        return [
+            g
+            if g.timing.budget_s <= cap
+            else g.model_copy(update={"timing": g.timing.model_copy(update={"budget_s": cap})})
+            for g in groups
+        ]
+
     async def Run(
         self, request: pb.RunRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.CaseEvent]:
         if self.draining:
             raise WorkerUnavailableError("the worker is shutting down")
-        if not request.groups:
-            raise InvalidSpecError(
-                "groups: a run needs at least one group",
-                details={"errors": [{"loc": ["groups"], "msg": "empty"}]},
-            )
-        if request.HasField("case_timeout_s") and request.case_timeout_s < 0:
-            raise InvalidSpecError(
-                "case_timeout_s: must not be negative",
-                details={"errors": [{"loc": ["case_timeout_s"], "msg": "negative"}]},
-            )
-        groups = convert.groups_from_proto(request.groups)
+        self._limits(request)
+        groups = self._within_budget(convert.groups_from_proto(request.groups))
+        # Mutants only where this worker offers them; a caller cannot switch them on.
+        include_mutants = request.include_mutants and self.config.enable_mutants
         await self.sup.wait_ready(self.config.start_timeout_s)
-        self._check_groups(groups, request.include_mutants)
+        self._check_groups(groups, include_mutants)
         run_id = request.run_id or f"run-{uuid.uuid4().hex[:12]}"
         sink = _StreamSink(run_id)
+        # A run may shorten the worker's case timeout, never lengthen it.
+        timeout = min(
+            request.case_timeout_s or self.config.case_timeout_s, self.config.case_timeout_s
+        )
         handle = RunHandle(
             run_id=run_id,
             sink=sink,
-            include_mutants=request.include_mutants,
-            case_timeout_s=request.case_timeout_s or None,
+            include_mutants=include_mutants,
+            case_timeout_s=timeout,
         )
         self.sup.submit(handle, groups)
         try:
@@ -320,15 +400,35 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
         for name in ("", SERVICE_NAME):
             await health.set(name, status)
 
+    mtls = config.tls_client_ca is not None
+    problem = exposure_problem(
+        config.listen,
+        token=config.token,
+        mtls=mtls,
+        allow_unauthenticated=config.allow_unauthenticated,
+    )
+    if problem:
+        print(f"kassay worker: {problem}", file=sys.stderr, flush=True)
+        return 2
+    interceptors: list[grpc.aio.ServerInterceptor] = [ErrorInterceptor()]
+    if config.token:
+        interceptors.insert(0, TokenInterceptor(config.token))
     server = grpc.aio.server(
-        interceptors=[ErrorInterceptor()],
+        interceptors=interceptors,
         options=[
             ("grpc.max_receive_message_length", 64 * 2**20),
             ("grpc.max_send_message_length", 64 * 2**20),
         ],
     )
     try:
-        port = server.add_insecure_port(config.listen)
+        creds = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+        if creds is None:
+            port = server.add_insecure_port(config.listen)
+        else:
+            port = server.add_secure_port(config.listen, creds)
+    except OSError as exc:
+        log.error("cannot read the TLS files: %s", exc)
+        return 1
     except RuntimeError as exc:
         log.error("cannot listen on %s: %s", config.listen, exc)
         return 1
@@ -360,8 +460,11 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
     )
     await server.start()
     host = config.listen.rsplit(":", 1)[0]
+    guard = "mTLS" if mtls else "TLS" if creds is not None else "plaintext"
+    guard += ", token required" if config.token else ", no token"
     print(
-        f"kassay worker {worker_id} listening on {host}:{port} (device {config.device})", flush=True
+        f"kassay worker {worker_id} listening on {host}:{port} (device {config.device}; {guard})",
+        flush=True,
     )
 
     stop = asyncio.Event()

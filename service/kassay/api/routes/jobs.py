@@ -1,4 +1,4 @@
-"""/v1/jobs: submit, list, get, report, events (SSE), cancel."""
+"""/v1/jobs: submit, list, get, report, compare, events (SSE), cancel."""
 
 from __future__ import annotations
 
@@ -14,11 +14,13 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from kassay.api.auth import code_denial, require_read, require_write
+from kassay.api.comparisons import compare, report_with_verdict
 from kassay.api.deps import Services, services
 from kassay.api.schemas import ErrorBody, Job, JobPage
 from kassay.api.store import ACTIVE_STATES
 from kassay.api.submit import admit
 from kassay.errors import InvalidSpecError, KassayError, PayloadTooLargeError
+from kassay.validate.comparison import Comparison
 
 _COALESCE_S = 0.02  # how long an SSE stream lets results gather after a wake-up
 
@@ -206,7 +208,7 @@ def get_report(
                 fmt = _ACCEPT[media]  # type: ignore[assignment]
                 break
     fmt = fmt or "json"
-    report = svc.store.report(job_id)
+    report = report_with_verdict(svc.store, job_id)
     media = MEDIA_TYPES[fmt]
     if fmt in ("markdown", "html"):
         media += "; charset=utf-8"
@@ -215,6 +217,44 @@ def get_report(
         ext = {"json": "json", "junit": "xml", "markdown": "md"}[fmt]
         headers["Content-Disposition"] = f'inline; filename="{job_id}.{ext}"'
     return Response(render(report, fmt), media_type=media, headers=headers)
+
+
+@router.get(
+    "/{job_id}/compare",
+    response_model=Comparison,
+    responses={**_ERRORS, 200: {"content": {"application/json": {}, "text/markdown": {}}}},
+    dependencies=[Depends(require_read)],
+)
+def compare_job(
+    job_id: str,
+    svc: Annotated[Services, Depends(services)],
+    to: Annotated[str | None, Query(max_length=40, description="a job id")] = None,
+    to_labels: Annotated[
+        list[str],
+        Query(
+            description="key=value (repeat to AND): the latest finished job with the same name, "
+            "these labels and the same device kind"
+        ),
+    ] = [],  # noqa: B006
+    threshold: Annotated[
+        float | None,
+        Query(gt=0, le=10, description="regression threshold (0.03: 3%) of suites that set none"),
+    ] = None,
+    format: Literal["json", "markdown"] = "json",
+) -> Response:
+    """The job against another, case key by case key: status changes (newly failing, fixed,
+    new, missing), accuracy, speed (device median ratio with its confidence interval) and
+    memory changes, and which of them are regressions. Without `to` or `to_labels`: the
+    verdict the job's spec asks for (compare_to), recorded with the job once it is over.
+    404 when no job matches; 409 when the jobs ran on different kinds of device."""
+    from kassay.validate.comparison_report import to_markdown
+
+    result = compare(
+        svc.store, job_id, to=to, to_labels=_labels(to_labels) or None, threshold=threshold
+    )
+    if format == "markdown":
+        return Response(to_markdown(result), media_type="text/markdown; charset=utf-8")
+    return Response(result.model_dump_json(), media_type="application/json")
 
 
 @router.get(

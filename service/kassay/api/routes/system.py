@@ -68,9 +68,14 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
-@router.get("/metrics", tags=["health"], response_class=Response)
+@router.get(
+    "/metrics",
+    tags=["health"],
+    response_class=Response,
+    dependencies=[Depends(require_read)],
+)
 async def metrics(svc: Annotated[Services, Depends(services)]) -> Response:
-    """Prometheus metrics."""
+    """Prometheus metrics (a read: with locked reads, scrape with a read token as bearer)."""
     svc.metrics.queue_depth.set(await run_in_threadpool(svc.store.queue_depth))
     svc.metrics.workers_up.set(svc.dispatcher.workers_up())
     return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

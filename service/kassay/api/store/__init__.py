@@ -6,10 +6,10 @@ update only touches a row whose status is still NULL), so a group re-run after a
 a restarted API never duplicates a case, and never re-runs one: the dispatcher sends only the
 impls of a group that have no result yet.
 
-Three parts share one engine: `jobs` (job records), `queue` (the group queue: claims, leases,
-requeue, cancel) and `results` (case results, environments, reports). `Store` holds them and
-offers their methods under the names callers use; `artifacts` (the code jobs bring) is used
-as a part.
+Four parts share one engine: `jobs` (job records), `queue` (the group queue: claims, leases,
+requeue, cancel), `results` (case results, environments, reports) and `history` (results by
+case key across jobs, comparison targets and verdicts, series). `Store` holds them and offers
+their methods under the names callers use; `artifacts` (the code jobs bring) is used as a part.
 
 Every method is synchronous and short; the async dispatcher calls them through a thread.
 """
@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from kassay.api.store.artifacts import ArtifactRecord, Artifacts
 from kassay.api.store.database import make_engine, sqlite_file
+from kassay.api.store.history import History
 from kassay.api.store.jobs import ACTIVE_STATES, JOB_STATES, JobRecord, Jobs, body_hash, new_job_id
 from kassay.api.store.queue import Claim, GroupQueue
 from kassay.api.store.results import Results
@@ -36,6 +37,7 @@ class Store:
         self.jobs = Jobs(self.engine, sqlite_file(url))
         self.results = Results(self.engine, self.jobs)
         self.queue = GroupQueue(self.engine, self.jobs, self.results)
+        self.history = History(self.engine)
         self.artifacts = Artifacts(self.engine)
         # The parts' methods, bound here so that callers keep one object to talk to.
         self.create_job = self.jobs.create_job
@@ -62,6 +64,10 @@ class Store:
         self.results_since = self.results.results_since
         self.case_results = self.results.case_results
         self.report = self.results.report
+        self.latest_matching = self.history.latest_matching
+        self.save_comparison = self.history.save_comparison
+        self.recorded_comparison = self.history.recorded_comparison
+        self.series = self.history.series
 
     def close(self) -> None:
         self.engine.dispose()
@@ -79,6 +85,7 @@ __all__ = [
     "Artifacts",
     "Claim",
     "GroupQueue",
+    "History",
     "JobRecord",
     "Jobs",
     "Results",

@@ -9,11 +9,11 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Engine, and_, bindparam, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from kassay.api.tables import STATUS_COLUMNS, cases, groups, job_labels, jobs
@@ -52,6 +52,22 @@ class JobRecord:
         return not (c["failed"] or c["error"] or c["crashed"] or c["timeout"]) and (
             self.state == "finished"
         )
+
+
+def label_filters(labels: Mapping[str, str]) -> list[ColumnElement[bool]]:
+    """WHERE conditions on `jobs`: the job carries every one of `labels`."""
+    return [
+        select(job_labels.c.job_id)
+        .where(
+            and_(
+                job_labels.c.job_id == jobs.c.id,
+                job_labels.c.key == k,
+                job_labels.c.value == v,
+            )
+        )
+        .exists()
+        for k, v in labels.items()
+    ]
 
 
 def new_job_id() -> str:
@@ -261,18 +277,8 @@ class Jobs:
             q = q.where(jobs.c.name == name)
         if before is not None:
             q = q.where(jobs.c.seq < before)
-        for k, v in (labels or {}).items():
-            q = q.where(
-                select(job_labels.c.job_id)
-                .where(
-                    and_(
-                        job_labels.c.job_id == jobs.c.id,
-                        job_labels.c.key == k,
-                        job_labels.c.value == v,
-                    )
-                )
-                .exists()
-            )
+        for cond in label_filters(labels or {}):
+            q = q.where(cond)
         with self.engine.connect() as conn:
             return [_record(r) for r in conn.execute(q)]
 

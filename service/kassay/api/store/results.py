@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, bindparam, select, update
 
+from kassay.api.store.history import index_results
 from kassay.api.store.jobs import Jobs
 from kassay.api.tables import cases, groups, jobs
 from kassay.validate.case_result import case_result
@@ -34,16 +35,14 @@ class Results:
         col = jobs.c[result.status]
         try:
             with self.engine.begin() as conn:
-                # Two statements: take the job's next sequence number (RETURNING), then write
-                # the case with it; a case that already has a result rolls both back.
-                seq = int(
-                    conn.execute(
-                        update(jobs)
-                        .where(jobs.c.id == job_id)
-                        .values({jobs.c.done: jobs.c.done + 1, col: col + 1})
-                        .returning(jobs.c.done)
-                    ).scalar_one()
-                )
+                # Take the job's next sequence number (RETURNING), then write the case with it
+                # and index it by case key; a case that already has a result rolls all back.
+                seq, job_seq = conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id == job_id)
+                    .values({jobs.c.done: jobs.c.done + 1, col: col + 1})
+                    .returning(jobs.c.done, jobs.c.seq)
+                ).one()
                 res = conn.execute(
                     update(cases)
                     .where(
@@ -62,9 +61,10 @@ class Results:
                 )
                 if res.rowcount != 1:
                     raise _Duplicate
+                index_results(conn, job_id, job_seq, [result])
         except _Duplicate:
             return None
-        return seq
+        return int(seq)
 
     def add_environment(self, job_id: str, env: dict[str, Any]) -> None:
         """Record a worker environment once per job (deduplicated by device and host)."""
@@ -159,7 +159,9 @@ class Results:
         `status` with `reason`, numbered after the job's results so far, in a handful of
         statements whatever the number of cases (cancelling 10,000 cases is one batch). The
         caller holds the job row (it updated it first), so no result can slip in between."""
-        done = conn.execute(select(jobs.c.done).where(jobs.c.id == job_id)).scalar_one()
+        done, job_seq, envs = conn.execute(
+            select(jobs.c.done, jobs.c.seq, jobs.c.environments).where(jobs.c.id == job_id)
+        ).one()
         missing = conn.execute(
             select(cases.c.case_id, cases.c.group_id, cases.c.impl, cases.c.dtype)
             .where(and_(cases.c.job_id == job_id, cases.c.status.is_(None)))
@@ -179,22 +181,19 @@ class Results:
             )
         }
         now = time.time()
+        results = [
+            case_result(specs[m.group_id], m.impl, status, reason, dtype=m.dtype) for m in missing
+        ]
         rows = [
             {
                 "k_job": job_id,
-                "k_case": m.case_id,
+                "k_case": r.case_id,
                 "status": status,
-                "result": case_result(
-                    specs[m.group_id],
-                    m.impl,
-                    status,
-                    reason,
-                    dtype=m.dtype,  # type: ignore[arg-type]
-                ).model_dump(mode="json"),
+                "result": r.model_dump(mode="json"),
                 "finished_at": now,
                 "seq": done + i,
             }
-            for i, m in enumerate(missing, start=1)
+            for i, r in enumerate(results, start=1)
         ]
         conn.execute(
             update(cases)
@@ -213,6 +212,7 @@ class Results:
             ),
             rows,
         )
+        index_results(conn, job_id, job_seq, results, envs or [])
         col = jobs.c[status]
         conn.execute(
             update(jobs)

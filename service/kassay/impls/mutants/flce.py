@@ -180,3 +180,75 @@ _mutant(
     "5: label smoothing applied with the wrong weight",
 )
 _mutant("m_zeros", zeros, "10: outputs all zeros / never written")
+
+
+# ------------------------------------------------------------------------------------------
+# Bugs a plain spec (no regimes listed, the user's shapes and options) misses unless default
+# coverage reaches their code path; `kassay selftest` runs them under such a spec.
+
+
+def softcap_before_bias(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
+    """Softcap applied to x @ W^T before the bias is added (c*tanh(xW/c) + b instead of
+    c*tanh((xW + b)/c)): right whenever there is no bias or no softcap."""
+    z = F.linear(x, w).float()
+    if p.softcap is not None:
+        z = p.softcap * torch.tanh(z / p.softcap)
+    if b is not None:
+        z = z + b.float()
+    return F.cross_entropy(
+        z,
+        target,
+        ignore_index=p.ignore_index,
+        label_smoothing=p.label_smoothing,
+        reduction=p.reduction,
+    )
+
+
+def tail_rows_dropped(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
+    """A kernel launched over N // 16 row blocks with no mask for the last partial block: rows
+    past the last multiple of 16 contribute nothing (no loss, zero gradient)."""
+    full = (x.shape[0] // 16) * 16
+    keep = torch.arange(x.shape[0], device=x.device) < full
+    t = torch.where(keep, target, torch.full_like(target, p.ignore_index))
+    rows = _rows(x, w, t, b, p)
+    if p.reduction == "none":
+        return rows
+    return (
+        rows.sum() / (target != p.ignore_index).sum().clamp_min(1)
+        if p.reduction == "mean"
+        else rows.sum()
+    )
+
+
+def count_in_bf16(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
+    """The mean's divisor (non-ignored rows) counted in a bfloat16 register: exact up to 256
+    rows, rounded beyond (750 rows count as 752): loss and gradients off by a fraction of a
+    percent, only at scale."""
+    rows = _rows(x, w, target, b, p)
+    if p.reduction != "mean":
+        return rows if p.reduction == "none" else rows.sum()
+    n = (target != p.ignore_index).to(torch.bfloat16).sum(dtype=torch.bfloat16).float()
+    return rows.sum() / n.clamp_min(1)
+
+
+_mutant(
+    "m_softcap_before_bias",
+    softcap_before_bias,
+    "11: softcap applied before the bias is added (only wrong with both)",
+)
+_mutant(
+    "m_tail_rows_dropped",
+    tail_rows_dropped,
+    "12: rows past the last multiple of 16 dropped (no tail mask)",
+)
+_mutant(
+    "m_count_in_bf16",
+    count_in_bf16,
+    "13: mean divisor counted in bfloat16 (wrong beyond 256 rows)",
+)

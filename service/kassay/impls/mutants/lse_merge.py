@@ -8,7 +8,7 @@ import torch
 
 from kassay.impls import lse_harness
 from kassay.impls.registry import Impl, register
-from kassay.impls.torch_impls import merge_torch, update_te_style, update_torch
+from kassay.impls.torch_impls import _torch_step, merge_torch, update_te_style
 from kassay.ops.runtime.lse_merge import lse_to_th as _th
 
 
@@ -41,41 +41,32 @@ def naive_merge(
     return out, (total.transpose(0, 1).contiguous() if lse_layout == "hT" else total)
 
 
-def copy_update(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
+def _copy_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The correction written to a copy (the TransformerEngine review caught this): the result
-    is returned, the caller's accumulator is left stale."""
-    out2, lse2 = out.clone(), lse.clone()
-    acc2 = acc.clone() if acc is not None else None
-    update_torch(
-        out2, lse2, out_step, lse_step, lse_layout=lse_layout, second_half=second_half, acc=acc2
+    """The correction written to a copy (the TransformerEngine review caught this): the step's
+    result goes to a clone, the caller's accumulator is written back unchanged."""
+    scratch = lse_harness.StepView(
+        v.out.clone(), v.lse.clone(), out_step, lse_layout="Th", second_half=False, acc=None
     )
-    return out2, lse2
+    _torch_step(scratch, out_step, lse_step)
+    return v.base, v.lse.clone()
 
 
-def out_dtype_accum(
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    out_step: torch.Tensor,
-    lse_step: torch.Tensor,
-    *,
-    lse_layout: str,
-    second_half: bool,
-    acc: torch.Tensor | None,
-) -> None:
+copy_update = lse_harness.step_update(_copy_step)
+
+
+def _out_dtype_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Ignores the float32 accumulator and accumulates out in its own dtype (bf16) across the
     K steps: one bf16 rounding per step."""
-    update_torch(
-        out, lse, out_step, lse_step, lse_layout=lse_layout, second_half=second_half, acc=None
-    )
+    v.acc = None
+    v.base = v.out.float()
+    return _torch_step(v, out_step, lse_step)
+
+
+out_dtype_accum = lse_harness.step_update(_out_dtype_step)
 
 
 def zeros_merge(
@@ -97,3 +88,120 @@ _mutant(
 _mutant("m_copy_update", None, copy_update, "8: correction written to a copy, accumulator stale")
 _mutant("m_out_dtype_accum", None, out_dtype_accum, "9: outputs accumulated in bf16 over K steps")
 _mutant("m_zeros", zeros_merge, None, "10: out all zeros / never written")
+
+
+# ------------------------------------------------------------------------------------------
+# Bugs a plain spec misses unless default coverage reaches their code path (selftest runs them
+# under a spec with no regimes listed), and bugs only the verdict checks see.
+
+
+def layout_from_shape(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Infers the lse layout from its shape instead of taking it from the caller: [K, T, Hh]
+    when the last dim is Hh, else [K, Hh, T]; with T == Hh it reads an "hT" lse as "Th"."""
+    guessed = "Th" if lses.shape[-1] == outs.shape[2] else "hT"
+    return merge_torch(outs, lses, lse_layout=guessed, accumulate=accumulate)
+
+
+def states_capped(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A kernel that keeps at most 32 states in registers and silently ignores the rest."""
+    return merge_torch(outs[:32], lses[:32], lse_layout=lse_layout, accumulate=accumulate)
+
+
+def truncating_merge(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rounds the float32 result to a 16-bit out dtype toward zero (a bit mask instead of
+    round-to-nearest): each element within one ULP, but all of them pulled toward zero."""
+    out, lse = merge_torch(outs, lses, lse_layout=lse_layout, accumulate="float32")
+    if out.dtype == torch.float32:
+        return out, lse
+    exact = _merge_f32(outs, lses, lse_layout)
+    toward0 = torch.where(
+        (out.float().abs() > exact.abs()), torch.nextafter(out, torch.zeros_like(out)), out
+    )
+    return toward0, lse
+
+
+def _merge_f32(outs: torch.Tensor, lses: torch.Tensor, lse_layout: str) -> torch.Tensor:
+    out, _ = merge_torch(outs.float(), lses, lse_layout=lse_layout, accumulate="float32")
+    return out
+
+
+def unordered_merge(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums the weighted states in whatever order they arrive (as atomics do): float32 addition
+    is not associative, so two runs give different bits."""
+    order = torch.randperm(outs.shape[0], device=outs.device)
+    return merge_torch(outs[order], lses[order], lse_layout=lse_layout, accumulate=accumulate)
+
+
+def _stale_acc_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Updates out and lse but never the float32 accumulator it reads from: each step merges
+    into state 0 again (unseen in float32 while the harness aliased the two)."""
+    res, new_lse = _torch_step(v, out_step, lse_step)
+    v.acc = None
+    return res, new_lse
+
+
+stale_acc_update = lse_harness.step_update(_stale_acc_step)
+
+
+def _stale_empty_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch baseline before kassay's fix: rows empty in both states keep state 0's out
+    (the reference says 0). As a baseline its errors would have widened everyone's limits."""
+    res, new_lse = _torch_step(v, out_step, lse_step)
+    empty = torch.isneginf(new_lse) | torch.isposinf(new_lse)
+    return torch.where(empty[..., None], v.base, res), new_lse
+
+
+def _garbage_empty_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows empty in both states get out = 1 instead of 0: within twice the error of a baseline
+    that keeps state 0 there."""
+    res, new_lse = _torch_step(v, out_step, lse_step)
+    empty = torch.isneginf(new_lse) | torch.isposinf(new_lse)
+    return torch.where(empty[..., None], torch.ones_like(res), res), new_lse
+
+
+_mutant(
+    "m_layout_from_shape",
+    layout_from_shape,
+    None,
+    "14: lse layout guessed from its shape (wrong when T == Hh)",
+)
+_mutant("m_states_capped", states_capped, None, "15: states beyond 32 ignored (K = 64)")
+_mutant(
+    "m_truncating_round",
+    truncating_merge,
+    None,
+    "16: out rounded toward zero (each element within one ULP, all biased)",
+)
+_mutant("m_unordered_merge", unordered_merge, None, "17: states summed in arrival order")
+_mutant(
+    "m_stale_acc",
+    None,
+    stale_acc_update,
+    "18: float32 accumulator never updated (out and lse are)",
+)
+_mutant(
+    "m_stale_empty_baseline",
+    None,
+    lse_harness.step_update(_stale_empty_step),
+    "19: all-empty rows keep state 0's out (a wrong baseline)",
+)
+_mutant(
+    "m_garbage_empty",
+    None,
+    lse_harness.step_update(_garbage_empty_step),
+    "20: all-empty rows get out 1 (hidden by a wrong baseline)",
+)

@@ -1,0 +1,101 @@
+"""CI latency through the service: the same CI grid submitted twice to one `kassay serve`.
+
+A CI pipeline posts the same grid on every commit; the float64 references do not change, so the
+worker's reference cache (KASSAY_REFERENCE_CACHE_BYTES) lets the second job pay only for its
+impls. Measures each job's wall time from submission to the final event, the reference-cache
+reuse reported in its Markdown report, and the statuses of both runs (they must agree).
+
+    PYTHONPATH=service:client python3 bench/ci_latency.py --spec examples/ci-grid.yaml \
+        --out bench/results/ci-latency-h200-DATE.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from common import run_meta, save_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default=str(ROOT / "examples" / "ci-grid.yaml"))
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from kassay_client import Client
+
+    data = tempfile.mkdtemp(prefix="kassay-ci-latency-")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "service"), str(ROOT / "client"), env.get("PYTHONPATH", "")]
+    )
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "kassay.cli", "serve", "--port", str(args.port), "--data-dir", data],
+        env=env,
+        stdout=open(Path(data) / "serve.log", "wb"),  # noqa: SIM115 (lives as long as serve)
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{args.port}"
+    runs = []
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"{url}/readyz", timeout=2)
+                if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise SystemExit("kassay serve did not become ready")
+        text = Path(args.spec).read_text()
+        with Client(url, timeout=60) as client:
+            for i in range(args.runs):
+                t0 = time.perf_counter()
+                job = client.jobs.create(text)
+                done = client.jobs.wait(job.id, timeout=1800)
+                wall = time.perf_counter() - t0
+                report = client.jobs.report(job.id)
+                md = client.jobs.report(job.id, format="markdown")
+                note = next((ln for ln in md.splitlines() if "references reused" in ln), "")
+                statuses = {c.case_id: c.status for c in report.cases}
+                runs.append(
+                    {
+                        "run": i + 1,
+                        "job": job.id,
+                        "wall_s": wall,
+                        "cases": len(report.cases),
+                        "state": done.state,
+                        "ok": done.ok,
+                        "statuses": statuses,
+                        "reference_cache": note,
+                    }
+                )
+                print(f"run {i + 1}: {wall:.1f} s, {len(report.cases)} cases, ok={done.ok}; {note}")
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    same = all(r["statuses"] == runs[0]["statuses"] for r in runs)
+    result = {
+        **run_meta(),
+        "spec": args.spec,
+        "runs": [{k: v for k, v in r.items() if k != "statuses"} for r in runs],
+        "statuses_agree": same,
+        "target": "the grid run a second time in <= 25 s",
+    }
+    save_json(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

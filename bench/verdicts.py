@@ -1,0 +1,200 @@
+"""Verdicts users can trust: what kassay's defaults catch, and what they wrongly fail.
+
+Three measurements, written as one JSON file (bench/results/verdicts-<device>-<date>.json):
+1. mutants: every mutant of kassay's corpus run three ways: `targeted` (the selftest probe's
+   grid, aimed at the bug), `plain` (a spec a new user writes: the probe's shapes, dtypes and
+   options, no regimes listed, default coverage) and `plain_legacy` (the same spec under the old
+   defaults: regimes [normal], coverage none). Caught = some case not passed.
+2. false_failures: the correct impls (torch, torch_compile, torch_native, kassay, and liger/cce
+   where installed and supported) over each --spec, with every suite's impls replaced by them
+   and seeds 0..--seeds-1. A case of a correct impl that is not passed or unsupported is a
+   false failure (its message is kept). torch_native's NaN when every target is ignored is
+   listed apart: it is a real bug of F.linear_cross_entropy, not a false failure.
+3. wall: seconds and CPU seconds of `kassay run` on --wall-spec, coverage standard and none.
+
+CPU:  TRITON_INTERPRET=1 python bench/verdicts.py --device cpu --spec examples/smoke.yaml
+H200: python bench/verdicts.py --device cuda --spec examples/smoke.yaml --spec examples/h200.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+CORRECT_FLCE = ("torch", "torch_compile", "torch_native", "kassay", "liger", "cce")
+CORRECT_LSE = ("torch", "kassay")
+KNOWN_REAL = {("torch_native", "all_ignored")}  # F.linear_cross_entropy: 0/0 = NaN
+
+
+def _caught(cases: list[Any]) -> bool:
+    return any(c.status in ("failed", "error", "crashed", "timeout") for c in cases)
+
+
+def _run_spec(spec: Any, device: str) -> list[Any]:
+    from kassay.validate.engine import run_group
+    from kassay.validate.spec import expand, local_impl_check
+
+    groups = expand(spec, check_impl=local_impl_check(include_mutants=True))
+    return [
+        c for g in groups for c in run_group(g, device=device, include_mutants=True, ceilings=False)
+    ]
+
+
+def mutants(device: str) -> list[dict[str, Any]]:
+    from kassay.validate.selftest import PLAIN_PROBES, PROBES
+    from kassay.validate.spec import JobSpec, Suite, TimingPolicy
+
+    rows = []
+    off = TimingPolicy(enabled=False)
+    for probe in (*PROBES, *PLAIN_PROBES):
+        row: dict[str, Any] = {"op": probe.op, "mutant": probe.mutant}
+        t0 = time.perf_counter()
+        for how in ("targeted", "plain", "plain_legacy"):
+            if how == "targeted" and probe.plain:
+                row[how] = None  # plain probes have no targeted grid: coverage is the aim
+                continue
+            kw: dict[str, Any] = {}
+            if how == "targeted":
+                kw = {"regimes": list(probe.regimes), "coverage": "none"}
+            elif how == "plain_legacy":
+                kw = {"regimes": ["normal"], "coverage": "none"}
+            suite = Suite(
+                op=probe.op,
+                impls=[probe.mutant],
+                baseline=probe.baseline,
+                params=probe.params,
+                timing=off,
+                **kw,
+            )
+            cases = _run_spec(JobSpec(name="verdicts", suites=[suite]), device)
+            row[how] = _caught(cases)
+            row[f"{how}_cases"] = len(cases)
+        row["seconds"] = round(time.perf_counter() - t0, 2)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return rows
+
+
+def false_failures(spec_path: str, seeds: int, device: str) -> dict[str, Any]:
+    from kassay.impls import get_impl, load
+    from kassay.validate.env import resolve_device
+    from kassay.validate.spec import load_spec
+
+    load()
+    dev = resolve_device(device)
+    spec = load_spec(spec_path)
+    suites = []
+    for s in spec.suites:
+        pool = CORRECT_FLCE if s.op == "flce" else CORRECT_LSE
+        impls = []
+        for name in pool:
+            try:
+                get_impl(s.op, name)
+                impls.append(name)
+            except Exception:
+                continue
+        suites.append(s.model_copy(update={"impls": impls, "seeds": list(range(seeds))}))
+    job = spec.model_copy(update={"suites": suites})
+    t0 = time.perf_counter()
+    cases = _run_spec(job, str(dev))
+    per_impl: dict[str, dict[str, int]] = {}
+    bad = []
+    real = []
+    for c in cases:
+        d = per_impl.setdefault(f"{c.op}.{c.impl}", {"cases": 0, "false_failures": 0})
+        if c.status == "unsupported":
+            continue
+        d["cases"] += 1
+        if c.status != "passed":
+            entry = {
+                "case": f"{c.op}.{c.impl} {c.label()}",
+                "status": c.status,
+                "flags": c.flags,
+                "message": c.message[:400],
+            }
+            if (c.impl, c.regime) in KNOWN_REAL:
+                real.append(entry)
+                continue
+            d["false_failures"] += 1
+            bad.append(entry)
+    return {
+        "spec": spec_path,
+        "seeds": seeds,
+        "cases": len(cases),
+        "added_by_coverage": sum(bool(c.coverage) for c in cases),
+        "per_impl": per_impl,
+        "false_failures": bad,
+        "real_findings": real,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def wall(spec_path: str, device: str) -> dict[str, Any]:
+    from kassay.validate.local import run_job
+    from kassay.validate.spec import load_spec
+
+    out = {}
+    for cov in ("none", "standard"):
+        spec = load_spec(spec_path)
+        spec = spec.model_copy(
+            update={"suites": [s.model_copy(update={"coverage": cov}) for s in spec.suites]}
+        )
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        report = run_job(spec, device=device, ceilings=False)
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        out[cov] = {
+            "wall_s": round(time.perf_counter() - t0, 1),
+            "cpu_s": round(r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, 1),
+            "cases": report.summary.total,
+            "added_by_coverage": report.summary.added_by_coverage,
+        }
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--spec", action="append", default=[], help="false-failure specs")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--wall-spec", default="examples/smoke.yaml")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["mutants", "false", "wall"])
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from kassay.validate.env import environment, resolve_device
+
+    dev = resolve_device(args.device)
+    res: dict[str, Any] = {
+        "date": date.today().isoformat(),
+        "device": str(dev),
+        "environment": environment(dev).model_dump(),
+        "host": platform.node(),
+        "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+    }
+    if "mutants" not in args.skip:
+        res["mutants"] = mutants(str(dev))
+        m = res["mutants"]
+        res["mutants_summary"] = {
+            how: f"{sum(bool(r[how]) for r in m if r[how] is not None)}/"
+            f"{sum(r[how] is not None for r in m)}"
+            for how in ("targeted", "plain", "plain_legacy")
+        }
+        print(res["mutants_summary"], flush=True)
+    if "false" not in args.skip:
+        res["false_failures"] = [false_failures(s, args.seeds, str(dev)) for s in args.spec]
+    if "wall" not in args.skip:
+        res["wall"] = wall(args.wall_spec, str(dev))
+    out = Path(args.out or f"bench/results/verdicts-{dev.type}-{res['date']}.json")
+    out.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

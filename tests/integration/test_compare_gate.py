@@ -1,0 +1,179 @@
+"""Regression gating end to end on the CPU: jobs with labels through the real API, worker and
+SDK; `kassay submit --compare-to branch=main --fail-on-regression` as a CI step runs it; and
+the noise test: the same job five times against one baseline raises no regression, while the
+same impl made 20% slower (the `slowable` testing impl with a deliberate extra pass) is flagged
+every time.
+
+The CPU timings use the process clock (cpu_clock: process) and one torch thread: on a shared
+runner the wall clock of a 2-core box moves by tens of percent between runs (bench/README.md,
+"Comparisons: noise")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from kassay_client import Client
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+
+NOISE_ENV = "KASSAY_NOISE_TEST"
+
+RUNS = 5
+SUITE = {
+    "op": "flce",
+    "impls": ["slowable"],
+    "params": {"N": 256, "H": 128, "V": 1024, "dtype": "float32"},
+    # one case per job: the comparison judges the slowable impl at this point only
+    "regimes": ["normal"],
+    "coverage": "none",
+    "timing": {
+        "min_reps": 30,
+        "max_reps": 100,
+        "budget_s": 1.0,
+        "target_rel_sem": 0.001,
+        "cpu_clock": "process",
+    },
+}
+SPEC = {"name": "gate", "suites": [SUITE]}
+#: one torch thread: threads of one process fighting for 2 shared cores are the worst noise
+QUIET = {"OMP_NUM_THREADS": "1"}
+
+
+def _submit(procs, url: str, spec: Path, *args: str) -> tuple[int, str]:
+    r = subprocess.run(
+        [
+            *(sys.executable, "-m", "kassay.cli", "submit", str(spec), "--wait", "--quiet"),
+            *("--server", url, "--token", procs.write_token, *args),
+        ],
+        capture_output=True,
+        text=True,
+        env=procs.env(),
+        timeout=300,
+    )
+    return r.returncode, r.stderr
+
+
+def _slowable(comparison) -> dict:
+    (case,) = [c for c in comparison.cases if c.impl == "slowable"]
+    return case
+
+
+@pytest.mark.parametrize(
+    ("runs", "extra_pass"),
+    [
+        pytest.param(1, "4", id="gate"),
+        pytest.param(
+            RUNS,
+            "0.2",
+            id="noise",
+            marks=pytest.mark.skipif(
+                not os.environ.get(NOISE_ENV),
+                reason=f"the 3%/20% noise test needs a quiet host: set {NOISE_ENV}=1",
+            ),
+        ),
+    ],
+)
+def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
+    """gate: one run of the same code passes (exit 0; at a 50% threshold, as a CI on a noisy
+    runner would set it), one with 4 extra passes (5x the work) exits 4 at the default 3% (far
+    beyond the up-to-2x drift of a loaded 2-core host), an error outranks the regression
+    (exit 2).
+    noise: five runs each way at the default 3% and a 20% extra pass."""
+    steady = procs.worker("steady", env=QUIET)
+    # the API also knows the address of the worker started later (a commit that slowed the impl)
+    slowed_port = procs.free_port()
+    later = SimpleNamespace(extra={"address": f"127.0.0.1:{slowed_port}"})
+    api = procs.api([steady, later], api_tokens=procs.write_token)
+    procs.wait_ready(api, steady)
+    url = api.extra["url"]
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    ratios: dict[str, list[float]] = {"same": [], "slower": []}
+    slowed = None
+    try:
+        with Client(url, token=procs.write_token) as client:
+            base = client.jobs.create(SPEC, labels={"branch": "main", "commit": "base"})
+            base = client.jobs.wait(base.id, timeout=120)
+            assert base.ok, base
+            # the same code five times: no regression, the gate passes (exit 0)
+            for i in range(runs):
+                code, err = _submit(
+                    procs,
+                    url,
+                    spec,
+                    "--label",
+                    "branch=pr",
+                    "--label",
+                    f"commit=same{i}",
+                    "--compare-to",
+                    "branch=main",
+                    "--fail-on-regression",
+                    *([] if runs == RUNS else ["--regression-threshold", "50%"]),
+                )
+                assert code == 0, err
+                assert "no regression" in err, err
+            pr_jobs = client.jobs.list(labels={"branch": "pr"}, limit=runs).items
+            for job in pr_jobs:
+                c = client.jobs.compare(job.id)
+                assert c.to_job_id == base.id and not c.regression
+                ratios["same"].append(_slowable(c).speed["ratio"])
+            # compare by id and by labels: the same comparison
+            by_id = client.jobs.compare(pr_jobs[0].id, to=base.id)
+            by_labels = client.jobs.compare(pr_jobs[0].id, to_labels={"branch": "main"})
+            assert by_id.model_dump() == by_labels.model_dump()
+
+            steady.stop()
+            slowed = procs.worker(
+                "slowed", port=slowed_port, env={**QUIET, "KASSAY_TEST_EXTRA_PASS": extra_pass}
+            )
+            procs.wait_ready(api, slowed)
+            for i in range(runs):
+                junit = tmp_path / f"slow{i}.xml"
+                code, err = _submit(
+                    procs,
+                    url,
+                    spec,
+                    "--label",
+                    "branch=pr",
+                    "--label",
+                    f"commit=slow{i}",
+                    "--compare-to",
+                    "branch=main",
+                    "--fail-on-regression",
+                    "--junit",
+                    str(junit),
+                )
+                assert code == 4, err
+                (failure,) = ET.parse(junit).getroot().iter("failure")
+                assert failure.get("type") == "regression" and "slower" in failure.get("message")
+                job = client.jobs.list(labels={"commit": f"slow{i}"}).items[0]
+                s = _slowable(client.jobs.compare(job.id)).speed
+                assert s["verdict"] == "slower" and s["low"] > 1
+                ratios["slower"].append(s["ratio"])
+            # without --fail-on-regression the gate reports but passes; an error outranks it
+            code, err = _submit(procs, url, spec, "--compare-to", "branch=main")
+            assert code == 0 and "1 regression(s)" in err, err
+            errs = tmp_path / "errs.yaml"
+            errs.write_text(
+                yaml.safe_dump({**SPEC, "suites": [{**SUITE, "impls": ["slowable", "raise"]}]})
+            )
+            code, err = _submit(
+                procs, url, errs, "--compare-to", "branch=main", "--fail-on-regression"
+            )
+            assert code == 2, err
+    finally:
+        for p in (api, steady, slowed):
+            if p is not None:
+                p.stop()
+    print(f"\nslowable vs the baseline, same code: {[round(r, 3) for r in ratios['same']]}")
+    print(
+        f"slowable vs the baseline, extra pass {extra_pass}: {[round(r, 3) for r in ratios['slower']]}"
+    )

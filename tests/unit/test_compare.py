@@ -1,0 +1,247 @@
+"""Comparing two jobs (torch-free): the median-ratio interval, case keys, and the status,
+accuracy, speed and memory verdicts per key."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from kassay.errors import IncomparableError
+from kassay.validate.compare import case_key, compare_reports, device_kind, key_parts
+from kassay.validate.median_ratio import Run, median_ratio, t_quantile
+from kassay.validate.results import (
+    CaseResult,
+    Environment,
+    MemoryStats,
+    OutputMetrics,
+    Report,
+    Summary,
+)
+from kassay.validate.timing import stats
+
+H200 = Environment(
+    device="cuda:0", device_name="NVIDIA H200", torch="2", kassay="0", python="3", hostname="a"
+)
+A100 = H200.model_copy(update={"device_name": "NVIDIA A100-SXM4-80GB"})
+PARAMS = {"T": 8, "Hh": 2, "D": 4, "K": 2, "dtype": "float32"}
+
+
+# ----------------------------------------------------------------------- the ratio interval
+
+
+@pytest.mark.parametrize(
+    ("dof", "table"), [(1, 63.657), (2, 9.925), (3, 5.841), (5, 4.032), (10, 3.169), (30, 2.750)]
+)
+def test_t_quantile_matches_the_tables(dof, table) -> None:
+    assert t_quantile(0.995, dof) == pytest.approx(table, rel=0.01)
+
+
+def _bursty(rng: random.Random, n: int, median: float, noise: float = 0.03) -> list[float]:
+    """Timings of a shared host: the load drifts (an AR(1) level: neighbours alike) and each
+    repetition adds its own noise and, now and then, a stall."""
+    level, out, phi = 0.0, [], 0.8
+    for _ in range(n):
+        level = phi * level + rng.gauss(0, noise * math.sqrt(1 - phi * phi))
+        x = median * math.exp(level + rng.gauss(0, noise / 2))
+        out.append(x * (3 if rng.random() < 0.02 else 1))
+    return out
+
+
+def _run(xs: list[float]) -> Run:
+    t = stats(xs, "cuda_events", False)
+    return Run(median=t.median_ms, samples=t.samples_ms, rel_sem=t.rel_sem, n=t.n)
+
+
+def test_unchanged_runs_are_rarely_significant_even_when_bursty() -> None:
+    """Independent runs of the same timing: the 99% interval holds 1 in about 99% of pairs,
+    although neighbouring samples are alike."""
+    rng = random.Random(7)
+    trials, significant = 300, 0
+    for _ in range(trials):
+        ci = median_ratio(_run(_bursty(rng, 100, 1.0)), _run(_bursty(rng, 100, 1.0)))
+        significant += ci.low > 1 or ci.high < 1
+    assert significant / trials <= 0.025
+
+
+def test_a_real_slowdown_is_significant_and_estimated() -> None:
+    rng = random.Random(8)
+    for _ in range(20):
+        ci = median_ratio(_run(_bursty(rng, 100, 1.2)), _run(_bursty(rng, 100, 1.0)))
+        assert ci.low > 1.05 and ci.ratio == pytest.approx(1.2, rel=0.05)
+        assert ci.method == "batch_medians" and ci.confidence == 0.99
+
+
+def test_few_samples_fall_back_to_rel_sem() -> None:
+    new = Run(median=1.1, samples=[1.1] * 5, rel_sem=0.01, n=5)
+    old = Run(median=1.0, samples=[], rel_sem=0.01, n=5)
+    ci = median_ratio(new, old)
+    assert ci.method == "rel_sem" and ci.low < 1.1 < ci.high
+    # sqrt(2) * 1% on the log scale, t(0.995) of about 6.7 dof: roughly +-6%
+    assert 1.01 < ci.low < 1.06 and ci.ratio == pytest.approx(1.1)
+
+
+# -------------------------------------------------------------------------------- case keys
+
+
+def _case(
+    impl: str = "torch",
+    *,
+    status: str = "passed",
+    env: Environment | None = H200,
+    median: float | None = 1.0,
+    samples: list[float] | None = None,
+    rel_l2: float = 1e-6,
+    peak: int | None = None,
+    params: dict | None = None,
+    suite_index: int = 0,
+) -> CaseResult:
+    timing = None
+    if median is not None:
+        xs = samples if samples is not None else [median * (1 + 0.001 * (i % 5)) for i in range(50)]
+        timing = stats(xs, "cuda_events", True)
+    return CaseResult(
+        case_id=f"g0:{impl}",
+        group_id="g0",
+        suite_index=suite_index,
+        op="lse_merge",
+        impl=impl,
+        params=params or PARAMS,
+        regime="normal",
+        seed=0,
+        dtype="float32",
+        status=status,  # type: ignore[arg-type]
+        outputs=[
+            OutputMetrics(
+                name="out",
+                dtype="float32",
+                expected_dtype="float32",
+                shape=[8, 2, 4],
+                max_abs=rel_l2 * 10,
+                max_rel=rel_l2,
+                rel_l2=rel_l2,
+                max_ulp=1,
+                nan=0,
+                inf=0,
+                ref_nan=0,
+                ref_inf=0,
+                policy="baseline",
+                baseline_rel_l2=1e-6,
+                threshold_rel_l2=2e-6 + 1e-7,
+                baseline_max_abs=1e-5,
+                threshold_max_abs=2e-5 + 1e-6,
+            )
+        ],
+        timing=timing,
+        memory=MemoryStats(measured=True, peak_extra_bytes=peak, model_bytes=1)
+        if peak is not None
+        else None,
+        environment=env,
+    )
+
+
+def _report(cases: list[CaseResult], job_id: str, envs=(H200,)) -> Report:
+    return Report(
+        job_id=job_id, name="ci", summary=Summary.of(cases), cases=cases, environments=list(envs)
+    )
+
+
+def test_case_key_is_stable_and_names_the_device_kind() -> None:
+    a = key_parts(_case())
+    assert a["device_kind"] == "NVIDIA H200"
+    # the op's defaults filled in: a result that spelled them out has the same key
+    explicit = {**PARAMS, "lse_layout": "hT", "mode": "merge", "accumulate": "float32"}
+    assert case_key(key_parts(_case(params=explicit))) == case_key(a)
+    assert case_key(key_parts(_case(env=A100))) != case_key(a)
+    assert case_key(key_parts(_case(impl="te_style"))) != case_key(a)
+    # a case that never ran (no environment) takes the job's device kind
+    assert key_parts(_case(env=None, median=None), "NVIDIA H200") == a
+    assert device_kind({"device": "cpu", "device_name": "x86_64"}) == "cpu (x86_64)"
+
+
+def test_cross_device_comparison_is_refused() -> None:
+    with pytest.raises(IncomparableError, match=r"NVIDIA A100.*same kind of device"):
+        compare_reports(_report([_case()], "j1"), _report([_case(env=A100)], "j0", envs=[A100]))
+
+
+# --------------------------------------------------------------------------------- verdicts
+
+
+def _only(new: list[CaseResult], old: list[CaseResult], **kw):
+    c = compare_reports(_report(new, "j1"), _report(old, "j0"), **kw)
+    return c, {e.impl: e for e in c.cases}
+
+
+def test_status_changes() -> None:
+    new = [_case("a", status="failed"), _case("b"), _case("c"), _case("e", status="skipped")]
+    old = [_case("a"), _case("b", status="crashed", median=None), _case("d"), _case("e")]
+    c, by = _only(new, old)
+    assert {k: e.status_change for k, e in by.items()} == {
+        "a": "newly_failing",
+        "b": "fixed",
+        "c": "new",
+        "d": "missing",
+        "e": "changed",
+    }
+    assert by["a"].regression and by["a"].reasons == ["newly failing: passed -> failed"]
+    assert not by["b"].regression and not by["c"].regression and not by["d"].regression
+    s = c.summary
+    assert (s.newly_failing, s.fixed, s.new, s.missing, s.regressions) == (1, 1, 1, 1, 1)
+    assert c.regression and by["d"].case_id is None and by["c"].to_case_id is None
+
+
+def test_speed_needs_both_significance_and_the_threshold() -> None:
+    rng = random.Random(3)
+    tight = [1.0 + 0.0005 * (i % 7) for i in range(60)]
+    new = [
+        _case("slow", samples=[x * 1.10 for x in tight]),
+        _case("tiny", samples=[x * 1.02 for x in tight]),  # significant but under 3%
+        _case("fast", samples=[x * 0.8 for x in tight]),
+        # 10% slower by the median, but too noisy to tell
+        _case("noisy", samples=[1.1 * rng.uniform(0.2, 1.8) for _ in range(60)]),
+    ]
+    old = [_case(n, samples=tight) for n in ("slow", "tiny", "fast")] + [
+        _case("noisy", samples=[rng.uniform(0.2, 1.8) for _ in range(60)])
+    ]
+    _, by = _only(new, old)
+    verdicts = {k: e.speed.verdict for k, e in by.items() if e.speed}
+    assert verdicts == {"slow": "slower", "tiny": "same", "fast": "faster", "noisy": "same"}
+    assert by["slow"].regression and by["slow"].speed.ratio == pytest.approx(1.1)
+    assert "x1.100" in by["slow"].reasons[0] and "+3.0%" in by["slow"].reasons[0]
+    assert [k for k, e in by.items() if e.regression] == ["slow"]
+    # a job-wide threshold of 15% lets the 10% slowdown through; a suite's own one wins
+    _, by = _only(new, old, threshold=0.15)
+    assert by["slow"].speed.verdict == "same"
+    spec = {"suites": [{"regression_threshold": 0.01}]}
+    _, by = _only(new, old, threshold=0.15, spec=spec)
+    assert by["slow"].speed.verdict == "slower" and by["tiny"].speed.verdict == "slower"
+
+
+def test_accuracy_changes_beyond_the_policy_noise() -> None:
+    # the policy allows factor (2) x the other error + the floor (1e-7 for rel_l2 here)
+    new = [_case("worse", rel_l2=3e-6), _case("noise", rel_l2=1.9e-6), _case("better", rel_l2=1e-7)]
+    old = [_case("worse"), _case("noise"), _case("better")]
+    c, by = _only(new, old)
+    assert [(a.metric, a.change) for a in by["worse"].accuracy] == [
+        ("rel_l2", "worse"),
+        ("max_abs", "worse"),
+    ]
+    assert by["worse"].accuracy[0].limit == pytest.approx(2.1e-6)
+    assert by["worse"].regression and "less accurate: out rel_l2" in by["worse"].reasons[0]
+    assert by["noise"].accuracy == [] and not by["noise"].regression
+    assert {a.change for a in by["better"].accuracy} == {"better"}
+    assert not by["better"].regression
+    assert (c.summary.less_accurate, c.summary.more_accurate) == (1, 1)
+    # a looser tolerance factor in the suite is looser here too
+    _, by = _only(new, old, spec={"suites": [{"tolerance": {"factor": 4.0}}]})
+    assert by["worse"].accuracy == []
+
+
+def test_memory_growth_beyond_the_threshold() -> None:
+    mib = 1 << 20
+    new = [_case("more", peak=12 * mib), _case("same", peak=10 * mib + 4096)]
+    old = [_case("more", peak=10 * mib), _case("same", peak=10 * mib)]
+    _, by = _only(new, old)
+    assert by["more"].memory.verdict == "more" and by["more"].regression
+    assert by["same"].memory.verdict == "same" and not by["same"].regression
