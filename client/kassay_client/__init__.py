@@ -28,6 +28,7 @@ from kassay_client.errors import (
     WaitTimeoutError,
 )
 from kassay_client.models import (
+    Artifact,
     CaseComparison,
     CaseResult,
     Comparison,
@@ -48,6 +49,7 @@ __all__ = [
     "APIError",
     "APIStatusError",
     "APITimeoutError",
+    "Artifact",
     "AsyncClient",
     "AuthenticationError",
     "BadRequestError",

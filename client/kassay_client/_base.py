@@ -6,7 +6,7 @@ import json
 import os
 import random
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,13 +39,18 @@ def default_headers(token: str | None) -> dict[str, str]:
     return headers
 
 
-def encode_spec(spec: SpecInput, labels: Mapping[str, str] | None) -> tuple[bytes, str]:
+def encode_spec(
+    spec: SpecInput,
+    labels: Mapping[str, str] | None,
+    artifacts: Sequence[str] | None = None,
+) -> tuple[bytes, str]:
     """The request body and content type for a spec given as a dict, YAML/JSON text or a file
-    path (Path). Extra labels are merged into the spec's own (they win)."""
+    path (Path). Extra labels are merged into the spec's own (they win); artifact digests are
+    added to the spec's `artifacts`."""
     if isinstance(spec, Path):
         spec = spec.read_text()
     if isinstance(spec, str):
-        if not labels:
+        if not labels and not artifacts:
             return spec.encode(), "application/yaml"
         import yaml
 
@@ -56,7 +61,15 @@ def encode_spec(spec: SpecInput, labels: Mapping[str, str] | None) -> tuple[byte
     body = dict(spec)
     if labels:
         body["labels"] = {**dict(body.get("labels") or {}), **dict(labels)}
+    if artifacts:
+        body["artifacts"] = list(dict.fromkeys([*(body.get("artifacts") or []), *artifacts]))
     return json.dumps(body).encode(), "application/json"
+
+
+def artifact_upload(path: str | Path) -> tuple[dict[str, str], bytes]:
+    """The query and body of uploading the artifact at `path` (a wheel or a .py module)."""
+    p = Path(path)
+    return {"filename": p.name}, p.read_bytes()
 
 
 def new_idempotency_key() -> str:

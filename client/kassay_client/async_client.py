@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, overload
 
 import httpx
@@ -21,6 +22,7 @@ from kassay_client._base import (
     RETRY_STATUSES,
     SpecInput,
     SSEParser,
+    artifact_upload,
     backoff,
     compare_params,
     default_headers,
@@ -34,7 +36,16 @@ from kassay_client._base import (
 )
 from kassay_client.client import UNREACHABLE_GRACE_S, _check_deadline, _remaining
 from kassay_client.errors import APIConnectionError, APITimeoutError, status_error
-from kassay_client.models import Comparison, Job, JobEvent, JobPage, Report, Series, Worker
+from kassay_client.models import (
+    Artifact,
+    Comparison,
+    Job,
+    JobEvent,
+    JobPage,
+    Report,
+    Series,
+    Worker,
+)
 
 AsyncEventCallback = Callable[[JobEvent], Awaitable[None] | None]
 
@@ -60,6 +71,7 @@ class AsyncClient:
         )
         self._http.headers.update(default_headers(token))
         self.jobs = AsyncJobs(self)
+        self.artifacts = AsyncArtifacts(self)
         self.workers = AsyncWorkers(self)
 
     async def close(self) -> None:
@@ -141,8 +153,9 @@ class AsyncJobs:
         *,
         idempotency_key: str | None = None,
         labels: Mapping[str, str] | None = None,
+        artifacts: Sequence[str] | None = None,
     ) -> Job:
-        body, ctype = encode_spec(spec, labels)
+        body, ctype = encode_spec(spec, labels, artifacts)
         key = idempotency_key or new_idempotency_key()
         r = await self._c.request(
             "POST",
@@ -313,6 +326,35 @@ class AsyncJobs:
             await asyncio.sleep(
                 poll_interval if remaining is None else min(poll_interval, remaining)
             )
+
+
+class AsyncArtifacts:
+    """client.artifacts: upload the code a job brings (a wheel or a .py module), read what is
+    stored. Uploading needs a token with the code scope."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._c = client
+
+    async def upload(self, path: str | Path) -> Artifact:
+        """Store the wheel or module at `path`; the same bytes twice are stored once. Name the
+        returned `digest` in a job's `artifacts` (or pass it to jobs.create(artifacts=...))."""
+        params, data = artifact_upload(path)
+        r = await self._c.request(
+            "POST",
+            "/v1/artifacts",
+            params=params,
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return Artifact.model_validate_json(r.content)
+
+    async def get(self, digest: str) -> Artifact:
+        r = await self._c.request("GET", f"/v1/artifacts/{digest}")
+        return Artifact.model_validate_json(r.content)
+
+    async def list(self, *, limit: int = 100) -> list[Artifact]:
+        r = await self._c.request("GET", "/v1/artifacts", params={"limit": limit})
+        return [Artifact.model_validate(a) for a in r.json()]
 
 
 class AsyncWorkers:

@@ -40,6 +40,14 @@ def register(sub: Any) -> None:
         default=None,
         help="resubmitting with the same key returns the same job",
     )
+    p.add_argument(
+        "--artifact",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a wheel or .py module whose kassay.impls the job runs (uploaded first; repeat); "
+        "needs a token with the code scope",
+    )
     p.add_argument("--wait", action="store_true", help="wait for the job and report it")
     p.add_argument(
         "--compare-to",
@@ -413,8 +421,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.compare_to or args.regression_threshold is not None:
         spec = _with_compare_to(text, args.compare_to, args.regression_threshold)
     with _client(args) as client:
+        digests = []
+        for path in args.artifact:
+            try:
+                art = client.artifacts.upload(path)
+            except OSError as exc:
+                print(f"kassay: cannot read {path}: {exc.strerror}", file=sys.stderr)
+                return EXIT_ERROR
+            print(
+                f"artifact {art.filename} sha256:{art.digest} ({art.size} bytes)", file=sys.stderr
+            )
+            digests.append(art.digest)
         job = client.jobs.create(
-            spec, labels=_labels(args.label) or None, idempotency_key=args.idempotency_key
+            spec,
+            labels=_labels(args.label) or None,
+            idempotency_key=args.idempotency_key,
+            artifacts=digests or None,
         )
         print(
             f"job {job.id} {job.state}: {job.progress.total} cases  "

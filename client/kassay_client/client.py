@@ -11,7 +11,8 @@ with Client("http://127.0.0.1:8000", token="...") as client:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal, overload
 
 import httpx
@@ -23,6 +24,7 @@ from kassay_client._base import (
     RETRY_STATUSES,
     SpecInput,
     SSEParser,
+    artifact_upload,
     backoff,
     compare_params,
     default_headers,
@@ -40,7 +42,16 @@ from kassay_client.errors import (
     WaitTimeoutError,
     status_error,
 )
-from kassay_client.models import Comparison, Job, JobEvent, JobPage, Report, Series, Worker
+from kassay_client.models import (
+    Artifact,
+    Comparison,
+    Job,
+    JobEvent,
+    JobPage,
+    Report,
+    Series,
+    Worker,
+)
 
 EventCallback = Callable[[JobEvent], None]
 #: how long wait() keeps trying while the server is unreachable (e.g. restarting)
@@ -70,6 +81,7 @@ class Client:
         )
         self._http.headers.update(default_headers(token))
         self.jobs = Jobs(self)
+        self.artifacts = Artifacts(self)
         self.workers = Workers(self)
 
     def close(self) -> None:
@@ -158,11 +170,12 @@ class Jobs:
         *,
         idempotency_key: str | None = None,
         labels: Mapping[str, str] | None = None,
+        artifacts: Sequence[str] | None = None,
     ) -> Job:
         """Submit a job. `spec` is a dict, YAML/JSON text, or a Path to a spec file; `labels`
         are merged into the spec's. The same `idempotency_key` returns the same job; without
         one, a fresh key still makes the call's own retries safe."""
-        body, ctype = encode_spec(spec, labels)
+        body, ctype = encode_spec(spec, labels, artifacts)
         key = idempotency_key or new_idempotency_key()
         r = self._c.request(
             "POST",
@@ -357,6 +370,35 @@ class Jobs:
             _check_deadline(deadline, job_id, job)
             remaining = _remaining(deadline)
             time.sleep(poll_interval if remaining is None else min(poll_interval, remaining))
+
+
+class Artifacts:
+    """client.artifacts: upload the code a job brings (a wheel or a .py module), read what is
+    stored. Uploading needs a token with the code scope."""
+
+    def __init__(self, client: Client) -> None:
+        self._c = client
+
+    def upload(self, path: str | Path) -> Artifact:
+        """Store the wheel or module at `path`; the same bytes twice are stored once. Name the
+        returned `digest` in a job's `artifacts` (or pass it to jobs.create(artifacts=...))."""
+        params, data = artifact_upload(path)
+        r = self._c.request(
+            "POST",
+            "/v1/artifacts",
+            params=params,
+            content=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+        return Artifact.model_validate_json(r.content)
+
+    def get(self, digest: str) -> Artifact:
+        r = self._c.request("GET", f"/v1/artifacts/{digest}")
+        return Artifact.model_validate_json(r.content)
+
+    def list(self, *, limit: int = 100) -> list[Artifact]:
+        r = self._c.request("GET", "/v1/artifacts", params={"limit": limit})
+        return [Artifact.model_validate(a) for a in r.json()]
 
 
 class Workers:

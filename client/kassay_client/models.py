@@ -201,6 +201,18 @@ class Worker(_Model):
     last_seen: datetime | None = None
     last_error: str | None = None
     environment: dict[str, Any] | None = None
+    sandbox: dict[str, Any] | None = None
+
+
+class Artifact(_Model):
+    """Code a job may bring (a wheel or a module), stored by the sha256 of its bytes."""
+
+    digest: str
+    filename: str
+    kind: str
+    size: int
+    created_at: datetime
+    entry_points: list[str] = Field(default_factory=list)
 
 
 class JobEvent(_Model):
@@ -214,6 +226,7 @@ class JobEvent(_Model):
 
 __all__ = [
     "FINAL_STATES",
+    "Artifact",
     "CaseComparison",
     "CaseResult",
     "Comparison",

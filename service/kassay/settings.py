@@ -124,7 +124,42 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Path(".kassay")
 
-    @field_validator("workers", "api_tokens", "read_tokens", mode="before")
+    # --- code jobs (artifacts: a wheel or a module a job brings) ---
+    code_tokens: CommaList = Field(
+        default_factory=list,
+        description="tokens allowed to upload artifacts and submit jobs that name them (the "
+        "`code` scope); they may also do what a write token does",
+    )
+    allow_code: bool = Field(
+        False,
+        description="accept code from any caller allowed to write, without a code token "
+        "(`kassay serve` on one machine sets it; a deployment leaves it off)",
+    )
+    max_artifact_bytes: int = Field(64 * 2**20, gt=0, description="largest artifact accepted")
+    worker_artifacts: bool = Field(
+        True, description="a worker runs groups that name artifacts (sandboxed)"
+    )
+    artifact_dir: Path | None = Field(
+        None, description="the worker's artifact cache (default: <data_dir>/artifacts)"
+    )
+    sandbox_uid: int = Field(
+        65534,
+        ge=1,
+        description="a worker running as root runs artifact code as this user (nobody)",
+    )
+    sandbox_cpu_s: int = Field(3600, gt=0, description="CPU seconds of one sandboxed executor")
+    sandbox_nofile: int = Field(4096, ge=64, description="open files of a sandboxed executor")
+    sandbox_nproc: int = Field(
+        512, ge=16, description="processes and threads of a sandboxed executor"
+    )
+    sandbox_memory_bytes: int = Field(
+        0,
+        ge=0,
+        description="host memory (private writable: RLIMIT_DATA) of a sandboxed executor; "
+        "0: half of the host's memory",
+    )
+
+    @field_validator("workers", "api_tokens", "read_tokens", "code_tokens", mode="before")
     @classmethod
     def _comma_list(cls, v: Any) -> Any:
         if isinstance(v, str):

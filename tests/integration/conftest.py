@@ -102,6 +102,7 @@ def start_worker(
     name: str = "worker",
     host: str = "127.0.0.1",
     env: dict[str, str] | None = None,
+    case_timeout_s: float = CASE_TIMEOUT_S,
 ) -> Proc:
     """A CPU worker; `env` adds environment (KASSAY_* settings: the token, TLS files, caps)."""
     port = port or free_port()
@@ -115,7 +116,7 @@ def start_worker(
             "cpu",
             "--enable-test-impls",
             "--case-timeout",
-            str(CASE_TIMEOUT_S),
+            str(case_timeout_s),
             "--worker-id",
             name,
         ],

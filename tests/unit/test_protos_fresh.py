@@ -24,7 +24,7 @@ def test_stubs_import_as_package_modules() -> None:
     assert worker_pb2.DESCRIPTOR.package == "kassay.v1"
     assert worker_pb2_grpc.WorkerStub.__module__ == "kassay.v1.worker_pb2_grpc"
     names = {m.name for m in worker_pb2.DESCRIPTOR.services_by_name["Worker"].methods}
-    assert names == {"Describe", "Run", "Cancel"}
+    assert names == {"Describe", "Run", "Cancel", "ArtifactStatus", "PutArtifact"}
 
 
 def test_params_oneofs_cover_every_op() -> None:

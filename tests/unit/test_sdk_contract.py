@@ -137,6 +137,9 @@ ENDPOINTS: list[tuple[str, str, Any]] = [
     ("get", "/v1/jobs/{job_id}", models.Job),
     ("post", "/v1/jobs/{job_id}/cancel", models.Job),
     ("get", "/v1/workers", list[models.Worker]),
+    ("post", "/v1/artifacts", models.Artifact),
+    ("get", "/v1/artifacts", list[models.Artifact]),
+    ("get", "/v1/artifacts/{digest}", models.Artifact),
     ("get", "/v1/jobs/{job_id}/compare", models.Comparison),
     ("get", "/v1/series", models.Series),
 ]
@@ -168,8 +171,9 @@ def test_report_matches_the_published_report_schema() -> None:
 def test_every_sdk_model_is_checked() -> None:
     """A new response model in the SDK must be added to the checks above (or here, with why
     it has no counterpart in the API)."""
-    checked = {"Job", "JobPage", "Progress", "Worker", "Report", "Summary", "CaseResult"}
-    checked |= {"Comparison", "ComparisonSummary", "CaseComparison", "Series", "SeriesPoint"}
+    checked = {"Artifact", "Job", "JobPage", "Progress", "Worker", "Report", "Summary"}
+    checked |= {"CaseResult", "Comparison", "ComparisonSummary", "CaseComparison", "Series"}
+    checked |= {"SeriesPoint"}
     sdk_only = {
         "JobEvent": "the SSE envelope: its `job` and `result` are checked as Job and Report"
     }

@@ -152,3 +152,39 @@ def test_lse_merge_coverage_reaches_coinciding_dims_and_many_states() -> None:
     assert any(g.params["K"] == 64 for g in added)
     assert {g.regime for g in added} >= {"normal"}
     assert any(g.params["lse_layout"] == "Th" for g in added)
+
+
+def test_artifacts_reach_every_group_the_added_coverage_points_included() -> None:
+    digests = ["a" * 64, "0123456789abcdef" * 4]
+    spec = parse_spec({**_plain_dict(), "artifacts": digests})
+    groups = expand(spec)
+    assert any(g.coverage for g in groups)
+    # coverage groups run the suite's impls too, and those may come from the artifacts
+    assert all(g.artifacts == digests for g in groups)
+    assert all(not g.artifacts for g in expand(parse_spec(_plain_dict())))
+
+
+@pytest.mark.parametrize(
+    "artifacts",
+    [
+        ["A" * 64],  # upper-case hex
+        ["a" * 63],
+        ["g" * 64],
+        [1],  # not coerced: the spec models are strict
+        "a" * 64,  # one digest, not a list
+        ["a" * 64, "a" * 64],
+        [f"{i:064x}" for i in range(17)],  # over the cap
+    ],
+)
+def test_artifacts_are_lowercase_sha256_digests_in_a_bounded_list(artifacts: object) -> None:
+    with pytest.raises(InvalidSpecError, match="artifacts"):
+        parse_spec({**_plain_dict(), "artifacts": artifacts})
+
+
+def _plain_dict() -> dict[str, object]:
+    return {
+        "name": "p",
+        "suites": [
+            {"op": "flce", "impls": ["torch"], "params": {"N": 64, "H": 128, "V": 256}},
+        ],
+    }

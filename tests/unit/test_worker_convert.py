@@ -311,3 +311,48 @@ def test_messages_mirror_the_models(model: Any, message: Any, skip: set[str]) ->
         f = message.DESCRIPTOR.fields_by_name.get(name)
         if f is not None and not f.is_repeated and info.default is None:
             assert f.has_presence, f"{message.DESCRIPTOR.name}.{name} should be optional"
+
+
+def test_artifacts_travel_with_their_groups() -> None:
+    digests = ["a" * 64, "b" * 64]
+    for g in _groups()[:3]:
+        g = g.model_copy(update={"artifacts": digests})
+        wire = pb.GroupSpec.FromString(convert.group_to_proto(g).SerializeToString())
+        assert list(wire.artifacts) == digests
+        assert convert.group_from_proto(wire) == g
+    bad = convert.group_to_proto(_groups()[0])
+    bad.artifacts.append("not-a-digest")
+    with pytest.raises(InvalidSpecError, match="artifacts"):
+        convert.group_from_proto(bad)
+
+
+def test_results_cross_the_executor_pipe_whole() -> None:
+    """A sandboxed executor's results come back as JSON (kassay.worker.executor.Channel): every
+    field of a result, the verdict flags, coverage note, timing samples and environment extras
+    included, must survive it as it survives the wire."""
+    from kassay.worker.executor import Channel
+
+    r = _result(coverage="ragged sizes", flags=["nondeterministic"])
+    assert r.timing is not None and r.environment is not None
+    r.timing = r.timing.model_copy(
+        update={
+            "clock": "cpu_process_time",
+            "mode": "cpu",
+            "wall_median_ms": 1.9,
+            "samples_ms": [1.5, 1.25, float("inf")],
+            "throttle_reasons": ["sw_power_cap"],
+            "power_capped": True,
+        }
+    )
+    r.outputs[0] = r.outputs[0].model_copy(
+        update={"bias": -1e-9, "bias_limit": 1e-6, "run_to_run_max_abs": 0.0}
+    )
+    r.environment = Environment(
+        **r.environment.model_dump(), reference_cache="hit", artifacts=["a" * 64]
+    )
+    frame = Channel.encode({"type": "result", "result": r.model_dump()})
+    back = CaseResult.model_validate(Channel.decode(frame[4:])["result"])
+    assert _same(back.model_dump(), r.model_dump())
+    assert back.timing is not None and back.timing.samples_ms[:2] == [1.5, 1.25]
+    assert back.environment is not None
+    assert back.environment.model_extra == r.environment.model_extra

@@ -57,7 +57,7 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
     """Build the API. `dispatch=False` leaves the dispatcher idle (tests of the routes alone)."""
     from kassay.api.dispatcher import Dispatcher
-    from kassay.api.routes import dashboard, history, jobs, system
+    from kassay.api.routes import artifacts, dashboard, history, jobs, system
 
     settings = settings or get_settings()
     metrics = ApiMetrics()
@@ -104,6 +104,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     for exc_class, handler in handlers.items():
         app.add_exception_handler(exc_class, handler)
     app.include_router(jobs.router)
+    app.include_router(artifacts.router)
     app.include_router(system.router)
     app.include_router(history.router)
     app.include_router(dashboard.router)

@@ -2,6 +2,11 @@
 writes (submit, cancel) need a write token: no or unknown token → 401, a read-only token → 403;
 reads need any token unless `open_reads` is set.
 
+Code (uploading artifacts, submitting a job that names them) is a separate scope: with
+`code_tokens` configured it needs one of them (a write or read token gets 403); without, it is
+allowed only where `allow_code` is set (`kassay serve` on one machine), to whoever may write.
+A code token may also do everything a write token does.
+
 The dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a thread,
 a hop that costs more than the check itself."""
 
@@ -11,7 +16,7 @@ import hmac
 
 from fastapi import Request
 
-from kassay.errors import AuthError, ForbiddenError
+from kassay.errors import AuthError, ForbiddenError, KassayError
 from kassay.settings import Settings
 
 
@@ -42,7 +47,7 @@ async def require_write(request: Request) -> None:
     token = _token(request)
     if token is None:
         raise AuthError("this call needs 'Authorization: Bearer <token>'")
-    if _known(token, s.api_tokens):
+    if _known(token, s.api_tokens) or _known(token, s.code_tokens):
         return
     if _known(token, s.read_tokens):
         raise ForbiddenError(
@@ -59,5 +64,40 @@ async def require_read(request: Request) -> None:
     token = _token(request)
     if token is None:
         raise AuthError("this call needs 'Authorization: Bearer <token>'")
-    if not (_known(token, s.api_tokens) or _known(token, s.read_tokens)):
+    if not any(_known(token, t) for t in (s.api_tokens, s.read_tokens, s.code_tokens)):
         raise AuthError("unknown token")
+
+
+def code_denial(request: Request) -> KassayError | None:
+    """Why this request may not bring code (None when it may). Raised by the caller only when
+    the request does bring code: a plain job needs no code scope."""
+    s = _settings(request)
+    if s.code_tokens:
+        try:
+            token = _token(request)
+        except AuthError as exc:
+            return exc
+        if token is None:
+            return AuthError("code (artifacts) needs 'Authorization: Bearer <code token>'")
+        if _known(token, s.code_tokens):
+            return None
+        if _known(token, s.api_tokens) or _known(token, s.read_tokens):
+            return ForbiddenError(
+                "this token may not submit code: artifacts and jobs that name them need a "
+                "token with the code scope (KASSAY_CODE_TOKENS)"
+            )
+        return AuthError("unknown token")
+    if s.allow_code:
+        return None
+    return ForbiddenError(
+        "this server accepts no code: artifacts need KASSAY_CODE_TOKENS (a deployment) or "
+        "KASSAY_ALLOW_CODE=true (one machine; `kassay serve` sets it)"
+    )
+
+
+async def require_code(request: Request) -> None:
+    """FastAPI dependency of the artifact upload: a writer with the code scope."""
+    await require_write(request)
+    denial = code_denial(request)
+    if denial is not None:
+        raise denial

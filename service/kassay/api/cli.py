@@ -3,7 +3,8 @@
 - api: the REST front end alone (workers from --worker or KASSAY_WORKERS).
 - serve: the embedded default for one machine: the API, one local worker subprocess on the best
   device present (CUDA if any, else CPU) and SQLite under ./.kassay/. The two share a random
-  worker token made at start; their link stays on loopback, so it needs no TLS.
+  worker token made at start; their link stays on loopback, so it needs no TLS. Jobs may bring
+  code (artifacts, run sandboxed) unless KASSAY_ALLOW_CODE=false.
 - demo: serve, then submit a spec through the SDK once ready and print the report; exits with
   the client's exit code, or keeps serving with --keep-serving until Ctrl-C.
 
@@ -202,6 +203,8 @@ class Embedded:
             data_dir=self.data_dir,
             enable_test_impls=True if self.args.enable_test_impls else None,
             worker_token=self.worker_token,
+            # one machine: its user may bring code (sandboxed) unless told otherwise
+            allow_code=None if "KASSAY_ALLOW_CODE" in os.environ else True,
         )
         config = uvicorn.Config(
             create_app(settings),

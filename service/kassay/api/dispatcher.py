@@ -10,6 +10,10 @@ A worker lost mid-group (the stream breaks, or it sends nothing for `stall_s`) i
 its group is requeued with only the cases that have no result yet; after `max_attempts` those
 cases become `error: worker lost`. A worker that refuses a group (INVALID_ARGUMENT ...) fails
 that group's cases with the worker's message, without retrying.
+
+Groups that name artifacts (code a job brings) go only to workers whose Describe says they run
+artifacts; before such a Run the worker is sent the artifacts it does not hold yet (ArtifactStatus,
+then PutArtifact in chunks; the worker checks each against its sha256).
 """
 
 from __future__ import annotations
@@ -54,6 +58,8 @@ _CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
+#: bytes per PutArtifact message (well under gRPC's default 4 MiB message limit)
+ARTIFACT_CHUNK_BYTES = 1 << 20
 
 
 class WorkerLost(Exception):
@@ -74,6 +80,7 @@ class WorkerLink:
     memory_free_bytes: int | None = None
     ops: dict[str, list[str]] = field(default_factory=dict)
     environment: dict[str, Any] | None = None
+    sandbox: dict[str, Any] | None = None  # what its Describe says of the artifact sandbox
     last_seen: float | None = None
     last_error: str | None = None
     running: dict[str, tuple[str, str]] = field(default_factory=dict)  # run_id -> (job, group)
@@ -81,6 +88,10 @@ class WorkerLink:
 
     def impl_names(self) -> set[str]:
         return {name for impls in self.ops.values() for name in impls}
+
+    @property
+    def accepts_code(self) -> bool:
+        return bool(self.sandbox and self.sandbox.get("artifacts"))
 
     def info(self) -> WorkerInfo:
         return WorkerInfo(
@@ -96,6 +107,7 @@ class WorkerLink:
             ),
             last_error=self.last_error,
             environment=self.environment,
+            sandbox=self.sandbox,
         )
 
 
@@ -129,9 +141,23 @@ class Dispatcher:
         """Every configured worker has answered Describe at least once since start."""
         return bool(self.links) and all(link.ops for link in self.links)
 
-    def unrunnable_reason(self, op: str, impls: list[str]) -> str | None:
+    def accepts_code(self) -> bool | None:
+        """Whether a described worker runs artifacts (None: no worker described yet)."""
+        described = [link for link in self.links if link.ops]
+        if not described:
+            return None
+        return any(link.accepts_code for link in described)
+
+    def unrunnable_reason(
+        self, op: str, impls: list[str], *, artifacts: bool = False
+    ) -> str | None:
         """Why no worker can run a group of `op` with these impls (None when one can). Only
-        meaningful once every worker has been described."""
+        meaningful once every worker has been described. A group with artifacts needs a worker
+        that runs them (its impl names are checked by that worker, after loading them)."""
+        if artifacts:
+            if any(link.accepts_code and op in link.ops for link in self.links):
+                return None
+            return f"no worker runs artifacts (code jobs) for op {op!r}"
         if any(set(impls) <= set(link.ops.get(op, [])) for link in self.links):
             return None
         offered = sorted({name for link in self.links for name in link.ops.get(op, [])})
@@ -228,6 +254,12 @@ class Dispatcher:
         link.ops = {
             op.name: [i.name for i in op.impls if mutants or i.kind != "mutant"] for op in resp.ops
         }
+        if resp.HasField("sandbox"):
+            from kassay.worker.convert import read
+
+            link.sandbox = read(resp.sandbox)
+        else:
+            link.sandbox = None
         if resp.HasField("environment"):
             from kassay.worker.convert import environment_from_proto
 
@@ -266,6 +298,7 @@ class Dispatcher:
                         owner=self.owner,
                         lease_s=self.settings.lease_s,
                         impls=link.impl_names() or None,
+                        code=link.accepts_code,
                         share=sum(1 for other in self.links if other.state == "up"),
                     )
                     if not claims:
@@ -322,6 +355,18 @@ class Dispatcher:
                     job_id, c.group.group_id, "refused", f"cannot be sent to a worker: {exc}"
                 )
             return
+        digests = list(dict.fromkeys(d for c in claims for d in c.group.artifacts))
+        if digests:
+            try:
+                await self._send_artifacts(link, digests)
+            except Exception as exc:
+                code = _rpc_code(exc)
+                why = f"could not send the artifacts to {link.address}: {_rpc_text(exc)}"
+                log.warning("%s", why)
+                settled = "lost" if code in _TRANSIENT or code is None else "refused"
+                for c in claims:
+                    await self._settle(job_id, c.group.group_id, settled, why)
+                return
         call = link.stub.Run(request)
         open_groups = {c.group.group_id for c in claims}
         for gid in open_groups:
@@ -380,6 +425,26 @@ class Dispatcher:
             self._cancelled_runs.discard(run_id)
         for gid in sorted(open_groups):  # groups the stream ended without reporting done
             await self._settle(job_id, gid, outcome, reason)
+
+    async def _send_artifacts(self, link: WorkerLink, digests: list[str]) -> None:
+        """Make sure the worker holds these artifacts: send those it lacks, in chunks."""
+        from kassay.v1 import worker_pb2 as pb
+
+        status = await link.stub.ArtifactStatus(
+            pb.ArtifactStatusRequest(digests=digests), timeout=30.0
+        )
+        for digest in status.missing:
+            record = await asyncio.to_thread(self.store.artifacts.require, digest)
+            data = await asyncio.to_thread(self.store.artifacts.data, digest)
+
+            def chunks(data: bytes = data, record: Any = record) -> Any:
+                step = ARTIFACT_CHUNK_BYTES
+                for i in range(0, max(len(data), 1), step):
+                    head = {"digest": record.digest, "filename": record.filename} if i == 0 else {}
+                    yield pb.ArtifactChunk(size=len(data), data=data[i : i + step], **head)
+
+            info = await link.stub.PutArtifact(chunks(), timeout=300.0)
+            log.info("artifact %s (%d bytes) -> %s", digest[:12], info.size, link.address)
 
     async def _store_result(self, job_id: str, msg: Any) -> None:
         from kassay.worker.convert import result_from_proto
@@ -493,7 +558,9 @@ class Dispatcher:
             return
         pending = await asyncio.to_thread(self.store.pending_groups)
         for job_id, group in pending:
-            reason = self.unrunnable_reason(group.op, [*group.impls, group.baseline])
+            reason = self.unrunnable_reason(
+                group.op, [*group.impls, group.baseline], artifacts=bool(group.artifacts)
+            )
             if reason is None:
                 continue
             log.warning("group %s of %s cannot run: %s", group.group_id, job_id, reason)

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from kassay.api.store import JobRecord
+from kassay.api.store import ArtifactRecord, JobRecord
 
 
 class Progress(BaseModel):
@@ -89,6 +89,36 @@ class WorkerInfo(BaseModel):
     last_seen: datetime | None = None
     last_error: str | None = None
     environment: dict[str, Any] | None = None
+    sandbox: dict[str, Any] | None = Field(
+        None,
+        description="how the worker confines artifact code: network, filesystem, processes, "
+        "user, limits, and notes on what it does not stop",
+    )
+
+
+class Artifact(BaseModel):
+    """Code a job may bring: a wheel or a single module, stored by the sha256 of its bytes."""
+
+    digest: str = Field(description="sha256 of the bytes, lowercase hex: what a job names")
+    filename: str
+    kind: str = Field(description="wheel | module")
+    size: int
+    created_at: datetime
+    entry_points: list[str] = Field(
+        default_factory=list,
+        description="its kassay.impls entry points (on upload; empty when read back)",
+    )
+
+    @classmethod
+    def of(cls, rec: ArtifactRecord, *, entry_points: list[str] | None = None) -> Artifact:
+        return cls(
+            digest=rec.digest,
+            filename=rec.filename,
+            kind=rec.kind,
+            size=rec.size,
+            created_at=datetime.fromtimestamp(rec.created_at, timezone.utc),
+            entry_points=entry_points or [],
+        )
 
 
 class ErrorBody(BaseModel):

@@ -2,7 +2,10 @@
 
 A job is refused before anything is stored when its spec is invalid (422 with the field path),
 names an op or impl nobody offers (the known ones listed), expands past the case cap, or needs
-more device memory than any worker has.
+more device memory than any worker has. A job that names artifacts (code it brings) also needs
+the code scope, artifacts that are stored, and a worker that runs artifacts; its impl names are
+not checked here (they may come from the artifacts: the worker fails names that no artifact
+provides, listing the impls it found).
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kassay.api.store import JobRecord, Store, body_hash
-from kassay.errors import InvalidSpecError, ResourceError, UnknownImplError
+from kassay.errors import InvalidSpecError, KassayError, ResourceError, UnknownImplError
 from kassay.settings import Settings
 from kassay.validate.spec import GroupSpec, JobSpec, expand, parse_spec
 
@@ -24,6 +27,10 @@ class WorkerCatalog(Protocol):
 
     def max_memory(self) -> int | None:
         """The most device memory any described worker has free; None when none is known."""
+
+    def accepts_code(self) -> bool | None:
+        """Whether a described worker runs groups that name artifacts; None when none is
+        described yet."""
 
 
 @dataclass
@@ -41,6 +48,27 @@ def parse_body(body: bytes, content_type: str | None) -> JobSpec:
     return parse_spec(body, json_only=ctype == "application/json")
 
 
+def _check_artifacts(
+    spec: JobSpec, store: Store, workers: WorkerCatalog, code_denial: KassayError | None
+) -> None:
+    """A job that brings code: the caller's code scope, the artifacts stored, a worker for
+    them."""
+    if code_denial is not None:
+        raise code_denial
+    for i, digest in enumerate(spec.artifacts):
+        if store.artifacts.missing([digest]):
+            raise InvalidSpecError(
+                f"artifacts.{i}: no artifact {digest}; upload it first (POST /v1/artifacts, "
+                "`kassay submit --artifact PATH`)",
+                details={"errors": [{"loc": ["artifacts", i], "msg": "unknown artifact"}]},
+            )
+    if workers.accepts_code() is False:
+        raise ResourceError(
+            "no worker runs artifacts (code jobs): every worker was started without them",
+            details={"loc": ["artifacts"]},
+        )
+
+
 def _check_impls(spec: JobSpec, workers: WorkerCatalog) -> None:
     """Impl names against what the described workers offer. With no worker described yet the
     names are accepted: a group no worker turns out to offer fails then, naming the impls the
@@ -54,7 +82,7 @@ def _check_impls(spec: JobSpec, workers: WorkerCatalog) -> None:
             exc.details["loc"] = ["suites", si, "op"]
             raise
         offered = workers.impls_for(suite.op)
-        if offered is None:
+        if offered is None or spec.artifacts:
             continue
         for name in [*suite.impls, suite.baseline]:
             if name not in offered:
@@ -92,14 +120,18 @@ def admit(
     workers: WorkerCatalog,
     settings: Settings,
     idempotency_key: str | None = None,
+    code_denial: KassayError | None = None,
 ) -> Admitted:
-    """Validate and store a job; see the module docstring for what is refused."""
+    """Validate and store a job; see the module docstring for what is refused. `code_denial`:
+    why this caller may not bring code (raised only if the spec names artifacts)."""
     spec = parse_body(body, content_type)
     spec_hash = body_hash(spec.model_dump_json())
     if idempotency_key:  # a replay returns the stored job without re-validating it
         existing = store.find_by_key(idempotency_key, spec_hash)
         if existing is not None:
             return Admitted(existing, False)
+    if spec.artifacts:
+        _check_artifacts(spec, store, workers, code_denial)
     _check_impls(spec, workers)
     group_specs = expand(spec, max_cases=settings.max_cases)
     dtypes, need, worst = _estimates(group_specs)
@@ -118,4 +150,6 @@ def admit(
     job, created = store.create_job(
         spec, group_specs, dtypes, idempotency_key=idempotency_key, spec_hash=spec_hash
     )
+    if created and spec.artifacts:
+        store.artifacts.record_job(job.id, spec.artifacts)
     return Admitted(job, created)

@@ -1,4 +1,5 @@
-"""The job store's schema (SQLAlchemy Core): jobs, their labels, input groups and cases.
+"""The job store's schema (SQLAlchemy Core): jobs, their labels, input groups and cases; the
+artifacts code jobs bring and which job named which.
 
 Times are float epoch seconds (portable across SQLite and PostgreSQL, cheap to compare).
 A case row exists from submission on; its status and result fill in when the worker reports it,
@@ -20,6 +21,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -92,6 +94,28 @@ cases = Table(
     Column("finished_at", Float),
     Index("ix_cases_job_seq", "job_id", "seq"),
     Index("ix_cases_job_group", "job_id", "group_id"),
+)
+
+# Code jobs bring artifacts (a wheel or a single module), stored once per sha256 of their bytes.
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("digest", String(64), primary_key=True),
+    Column("filename", String(255), nullable=False),
+    Column("kind", String(16), nullable=False),  # wheel | module
+    Column("size", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+# Which artifacts each code job named (and so ran: its groups run only with all of them loaded).
+job_artifacts = Table(
+    "job_artifacts",
+    metadata,
+    Column("job_id", String(40), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("digest", String(64), ForeignKey("artifacts.digest"), primary_key=True),
+    Column("idx", Integer, nullable=False),
+    Index("ix_job_artifacts_digest", "digest"),
 )
 
 case_keys = Table(

@@ -7,8 +7,9 @@ an insecure channel (it will not put a secret on a link it cannot protect):
 - TLS (KASSAY_WORKER_TLS_CA set): a secure channel with composite credentials, the TLS channel
   credentials (the CA, plus the client certificate and key for mTLS) and access-token call
   credentials, which send `authorization: Bearer <token>` on every call.
-- plaintext (loopback development, `kassay serve`, or a private network you trust): a client
-  interceptor adds the same metadata to every call. The token then travels in clear text, so
+- plaintext (loopback development, `kassay serve`, or a private network you trust): client
+  interceptors (one per call shape the Worker service uses: unary, server-streaming Run,
+  client-streaming PutArtifact) add the same metadata to every call. The token then travels in clear text, so
   the API warns when a plaintext worker address is not a loopback one.
 
 The worker checks the header the same way either way (kassay.worker.access).
@@ -51,6 +52,18 @@ class _StreamToken(grpc.aio.UnaryStreamClientInterceptor):
         return await continuation(_with_token(details, self.header), request)
 
 
+class _StreamUnaryToken(grpc.aio.StreamUnaryClientInterceptor):
+    """For client-streaming calls (PutArtifact sends an artifact in chunks)."""
+
+    def __init__(self, header: tuple[str, str]) -> None:
+        self.header = header
+
+    async def intercept_stream_unary(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        return await continuation(_with_token(details, self.header), request_iterator)
+
+
 def channel_credentials(settings: Settings) -> grpc.ChannelCredentials | None:
     """TLS credentials for the worker channels (None: plaintext), with the token as call
     credentials when one is set."""
@@ -85,7 +98,7 @@ def open_channel(
     interceptors: list[Any] = []
     if settings.worker_token is not None:
         header = ("authorization", f"Bearer {settings.worker_token.get_secret_value()}")
-        interceptors = [_UnaryToken(header), _StreamToken(header)]
+        interceptors = [_UnaryToken(header), _StreamToken(header), _StreamUnaryToken(header)]
         if not is_loopback(address):
             log.warning(
                 "the worker token goes to %s in clear text: set KASSAY_WORKER_TLS_CA (and TLS "

@@ -5,7 +5,9 @@ and output names) plus a `supports(params, device) -> reason | None` predicate. 
 on import of `kassay.impls`; third-party packages register through the entry-point group
 `kassay.impls` (an entry point names a callable that takes no argument and returns an `Impl` or a
 list of them). Mutants (the self-test's known-bug corpus) and test-only impls (crash, hang, raise)
-live in the same registry under their own kinds and are hidden unless asked for.
+live in the same registry under their own kinds and are hidden unless asked for. Impls of a job's
+artifacts (kind "artifact") are registered only in the sandboxed executor that loaded them
+(kassay.worker.executor.load_artifacts).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]
 RunFn = Callable[[Tensors, Any], Tensors]
 SupportsFn = Callable[[Any, torch.device], "str | None"]
-Kind = Literal["builtin", "peer", "plugin", "mutant", "testing"]
+Kind = Literal["builtin", "peer", "plugin", "mutant", "testing", "artifact"]
 
 
 def _always(_params: Any, _device: torch.device) -> str | None:

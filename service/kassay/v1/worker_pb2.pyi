@@ -434,6 +434,7 @@ class GroupSpec(_message.Message):
     TOLERANCE_FIELD_NUMBER: _builtins.int
     TIMING_FIELD_NUMBER: _builtins.int
     COVERAGE_FIELD_NUMBER: _builtins.int
+    ARTIFACTS_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     suite_index: _builtins.int
     op: _builtins.str
@@ -459,6 +460,12 @@ class GroupSpec(_message.Message):
     def timing(self) -> Global___TimingPolicy:
         """absent: defaults"""
 
+    @_builtins.property
+    def artifacts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """sha256 digests (hex) of the artifacts whose kassay.impls entry points provide impls to this
+        group; the worker must hold them (PutArtifact) and runs the group in a sandboxed executor.
+        """
+
     def __init__(
         self,
         *,
@@ -474,10 +481,11 @@ class GroupSpec(_message.Message):
         tolerance: Global___TolerancePolicy | None = ...,
         timing: Global___TimingPolicy | None = ...,
         coverage: _builtins.str = ...,
+        artifacts: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["flce", b"flce", "lse_merge", b"lse_merge", "params", b"params", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["baseline", b"baseline", "coverage", b"coverage", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "coverage", b"coverage", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["flce", "lse_merge"]  # noqa: Y015
     _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
@@ -1252,6 +1260,183 @@ class CancelResponse(_message.Message):
 Global___CancelResponse: _TypeAlias = CancelResponse  # noqa: Y015
 
 @_typing.final
+class ArtifactStatusRequest(_message.Message):
+    """------------------------------------------------------------------------------- Artifacts"""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGESTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def digests(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        digests: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digests", b"digests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArtifactStatusRequest: _TypeAlias = ArtifactStatusRequest  # noqa: Y015
+
+@_typing.final
+class ArtifactStatusResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MISSING_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def missing(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the asked digests this worker does not hold"""
+
+    def __init__(
+        self,
+        *,
+        missing: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["missing", b"missing"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArtifactStatusResponse: _TypeAlias = ArtifactStatusResponse  # noqa: Y015
+
+@_typing.final
+class ArtifactChunk(_message.Message):
+    """One piece of an artifact. The first chunk of a stream carries digest, filename and size;
+    every chunk carries data, in order.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    FILENAME_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    DATA_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    """sha256 of the whole artifact, lowercase hex"""
+    filename: _builtins.str
+    """a wheel (*.whl) or a single module (*.py)"""
+    size: _builtins.int
+    """bytes in all"""
+    data: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        filename: _builtins.str = ...,
+        size: _builtins.int = ...,
+        data: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "digest", b"digest", "filename", b"filename", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArtifactChunk: _TypeAlias = ArtifactChunk  # noqa: Y015
+
+@_typing.final
+class ArtifactInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DIGEST_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    EXISTED_FIELD_NUMBER: _builtins.int
+    digest: _builtins.str
+    size: _builtins.int
+    existed: _builtins.bool
+    """the worker held it already"""
+    def __init__(
+        self,
+        *,
+        digest: _builtins.str = ...,
+        size: _builtins.int = ...,
+        existed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["digest", b"digest", "existed", b"existed", "size", b"size"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ArtifactInfo: _TypeAlias = ArtifactInfo  # noqa: Y015
+
+@_typing.final
+class Sandbox(_message.Message):
+    """What the sandbox of artifact code stops on this host (the executor that runs a job's
+    artifacts: fresh per group, scrubbed environment, fresh working directory, resource limits).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LimitsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    ARTIFACTS_FIELD_NUMBER: _builtins.int
+    NETWORK_FIELD_NUMBER: _builtins.int
+    FILESYSTEM_FIELD_NUMBER: _builtins.int
+    PROCESSES_FIELD_NUMBER: _builtins.int
+    USER_FIELD_NUMBER: _builtins.int
+    LIMITS_FIELD_NUMBER: _builtins.int
+    NOTES_FIELD_NUMBER: _builtins.int
+    artifacts: _builtins.bool
+    """this worker runs groups that name artifacts"""
+    network: _builtins.str
+    """namespace | landlock-tcp | none"""
+    filesystem: _builtins.str
+    """landlock (writes only in its working directory) | none"""
+    processes: _builtins.str
+    """pid-namespace (all die with the executor) | process-group"""
+    user: _builtins.str
+    """the user the code runs as, e.g. "uid 65534" or "the worker's user" """
+    @_builtins.property
+    def limits(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """rlimits: cpu_s, nofile, nproc, data_bytes"""
+
+    @_builtins.property
+    def notes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """what is not stopped here, and why"""
+
+    def __init__(
+        self,
+        *,
+        artifacts: _builtins.bool = ...,
+        network: _builtins.str = ...,
+        filesystem: _builtins.str = ...,
+        processes: _builtins.str = ...,
+        user: _builtins.str = ...,
+        limits: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        notes: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "filesystem", b"filesystem", "limits", b"limits", "network", b"network", "notes", b"notes", "processes", b"processes", "user", b"user"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Sandbox: _TypeAlias = Sandbox  # noqa: Y015
+
+@_typing.final
 class DescribeRequest(_message.Message):
     """-------------------------------------------------------------------------------- Describe"""
 
@@ -1311,7 +1496,7 @@ class ImplInfo(_message.Message):
     BUG_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     kind: _builtins.str
-    """builtin | peer | plugin | mutant | testing"""
+    """builtin | peer | plugin | mutant | testing | artifact"""
     description: _builtins.str
     is_baseline: _builtins.bool
     """the op's default baseline (torch)"""
@@ -1497,6 +1682,7 @@ class DescribeResponse(_message.Message):
     TEST_IMPLS_ENABLED_FIELD_NUMBER: _builtins.int
     CASE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
+    SANDBOX_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     device: _builtins.str
     """resolved torch device, e.g. cuda:0 or cpu"""
@@ -1515,6 +1701,10 @@ class DescribeResponse(_message.Message):
     def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___OpInfo]: ...
     @_builtins.property
     def executor(self) -> Global___ExecutorInfo: ...
+    @_builtins.property
+    def sandbox(self) -> Global___Sandbox:
+        """absent: an older worker (no artifacts)"""
+
     def __init__(
         self,
         *,
@@ -1530,10 +1720,11 @@ class DescribeResponse(_message.Message):
         test_impls_enabled: _builtins.bool = ...,
         case_timeout_s: _builtins.float = ...,
         version: _builtins.str = ...,
+        sandbox: Global___Sandbox | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["ceilings", b"ceilings", "environment", b"environment", "executor", b"executor"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ceilings", b"ceilings", "environment", b"environment", "executor", b"executor", "sandbox", b"sandbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_timeout_s", b"case_timeout_s", "ceilings", b"ceilings", "device", b"device", "device_name", b"device_name", "environment", b"environment", "executor", b"executor", "memory_free_bytes", b"memory_free_bytes", "memory_total_bytes", b"memory_total_bytes", "ops", b"ops", "test_impls_enabled", b"test_impls_enabled", "version", b"version", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_timeout_s", b"case_timeout_s", "ceilings", b"ceilings", "device", b"device", "device_name", b"device_name", "environment", b"environment", "executor", b"executor", "memory_free_bytes", b"memory_free_bytes", "memory_total_bytes", b"memory_total_bytes", "ops", b"ops", "sandbox", b"sandbox", "test_impls_enabled", b"test_impls_enabled", "version", b"version", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -50,6 +50,16 @@ class WorkerStub:
                 request_serializer=kassay_dot_v1_dot_worker__pb2.CancelRequest.SerializeToString,
                 response_deserializer=kassay_dot_v1_dot_worker__pb2.CancelResponse.FromString,
                 _registered_method=True)
+        self.ArtifactStatus = channel.unary_unary(
+                '/kassay.v1.Worker/ArtifactStatus',
+                request_serializer=kassay_dot_v1_dot_worker__pb2.ArtifactStatusRequest.SerializeToString,
+                response_deserializer=kassay_dot_v1_dot_worker__pb2.ArtifactStatusResponse.FromString,
+                _registered_method=True)
+        self.PutArtifact = channel.stream_unary(
+                '/kassay.v1.Worker/PutArtifact',
+                request_serializer=kassay_dot_v1_dot_worker__pb2.ArtifactChunk.SerializeToString,
+                response_deserializer=kassay_dot_v1_dot_worker__pb2.ArtifactInfo.FromString,
+                _registered_method=True)
 
 
 class WorkerServicer:
@@ -82,6 +92,21 @@ class WorkerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ArtifactStatus(self, request, context):
+        """Which of these artifacts (code a job brings, by sha256) the worker holds already.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutArtifact(self, request_iterator, context):
+        """Send an artifact in chunks (the first names it); the worker checks the bytes against the
+        digest before keeping them. Groups that name artifacts run only in a sandboxed executor.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -99,6 +124,16 @@ def add_WorkerServicer_to_server(servicer, server):
                     servicer.Cancel,
                     request_deserializer=kassay_dot_v1_dot_worker__pb2.CancelRequest.FromString,
                     response_serializer=kassay_dot_v1_dot_worker__pb2.CancelResponse.SerializeToString,
+            ),
+            'ArtifactStatus': grpc.unary_unary_rpc_method_handler(
+                    servicer.ArtifactStatus,
+                    request_deserializer=kassay_dot_v1_dot_worker__pb2.ArtifactStatusRequest.FromString,
+                    response_serializer=kassay_dot_v1_dot_worker__pb2.ArtifactStatusResponse.SerializeToString,
+            ),
+            'PutArtifact': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutArtifact,
+                    request_deserializer=kassay_dot_v1_dot_worker__pb2.ArtifactChunk.FromString,
+                    response_serializer=kassay_dot_v1_dot_worker__pb2.ArtifactInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -183,6 +218,60 @@ class Worker:
             '/kassay.v1.Worker/Cancel',
             kassay_dot_v1_dot_worker__pb2.CancelRequest.SerializeToString,
             kassay_dot_v1_dot_worker__pb2.CancelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ArtifactStatus(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kassay.v1.Worker/ArtifactStatus',
+            kassay_dot_v1_dot_worker__pb2.ArtifactStatusRequest.SerializeToString,
+            kassay_dot_v1_dot_worker__pb2.ArtifactStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutArtifact(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/kassay.v1.Worker/PutArtifact',
+            kassay_dot_v1_dot_worker__pb2.ArtifactChunk.SerializeToString,
+            kassay_dot_v1_dot_worker__pb2.ArtifactInfo.FromString,
             options,
             channel_credentials,
             insecure,

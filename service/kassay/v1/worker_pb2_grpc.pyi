@@ -65,6 +65,12 @@ class WorkerStub:
     """Cancel a run: its queued groups are reported not run at once; its running case is stopped
     (the executor is restarted) and the rest of its group is reported not run.
     """
+    ArtifactStatus: _grpc.UnaryUnaryMultiCallable[_worker_pb2.ArtifactStatusRequest, _worker_pb2.ArtifactStatusResponse]
+    """Which of these artifacts (code a job brings, by sha256) the worker holds already."""
+    PutArtifact: _grpc.StreamUnaryMultiCallable[_worker_pb2.ArtifactChunk, _worker_pb2.ArtifactInfo]
+    """Send an artifact in chunks (the first names it); the worker checks the bytes against the
+    digest before keeping them. Groups that name artifacts run only in a sandboxed executor.
+    """
 
 @_typing.type_check_only
 class WorkerAsyncStub(WorkerStub):
@@ -84,6 +90,12 @@ class WorkerAsyncStub(WorkerStub):
     Cancel: _aio.UnaryUnaryMultiCallable[_worker_pb2.CancelRequest, _worker_pb2.CancelResponse]  # type: ignore[assignment]
     """Cancel a run: its queued groups are reported not run at once; its running case is stopped
     (the executor is restarted) and the rest of its group is reported not run.
+    """
+    ArtifactStatus: _aio.UnaryUnaryMultiCallable[_worker_pb2.ArtifactStatusRequest, _worker_pb2.ArtifactStatusResponse]  # type: ignore[assignment]
+    """Which of these artifacts (code a job brings, by sha256) the worker holds already."""
+    PutArtifact: _aio.StreamUnaryMultiCallable[_worker_pb2.ArtifactChunk, _worker_pb2.ArtifactInfo]  # type: ignore[assignment]
+    """Send an artifact in chunks (the first names it); the worker checks the bytes against the
+    digest before keeping them. Groups that name artifacts run only in a sandboxed executor.
     """
 
 class WorkerServicer(metaclass=_abc_1.ABCMeta):
@@ -119,6 +131,24 @@ class WorkerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_worker_pb2.CancelResponse, _abc.Awaitable[_worker_pb2.CancelResponse]]:
         """Cancel a run: its queued groups are reported not run at once; its running case is stopped
         (the executor is restarted) and the rest of its group is reported not run.
+        """
+
+    @_abc_1.abstractmethod
+    def ArtifactStatus(
+        self,
+        request: _worker_pb2.ArtifactStatusRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.ArtifactStatusResponse, _abc.Awaitable[_worker_pb2.ArtifactStatusResponse]]:
+        """Which of these artifacts (code a job brings, by sha256) the worker holds already."""
+
+    @_abc_1.abstractmethod
+    def PutArtifact(
+        self,
+        request_iterator: _MaybeAsyncIterator[_worker_pb2.ArtifactChunk],
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.ArtifactInfo, _abc.Awaitable[_worker_pb2.ArtifactInfo]]:
+        """Send an artifact in chunks (the first names it); the worker checks the bytes against the
+        digest before keeping them. Groups that name artifacts run only in a sandboxed executor.
         """
 
 def add_WorkerServicer_to_server(servicer: WorkerServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from kassay.errors import InvalidSpecError
 from kassay.validate.engine import run_group
 from kassay.validate.env import environment, resolve_device
 from kassay.validate.results import CaseResult, Report, Summary
@@ -21,6 +22,12 @@ def run_job(
     on_result: Callable[[CaseResult], None] | None = None,
     ceilings: bool = True,
 ) -> Report:
+    if spec.artifacts:  # code a job brings runs only in a worker's sandbox
+        raise InvalidSpecError(
+            "artifacts: a local run loads no artifacts; install the package instead (its "
+            "kassay.impls entry points load as plugins), or submit the job to a server",
+            details={"errors": [{"loc": ["artifacts"], "msg": "not in a local run"}]},
+        )
     groups = expand(
         spec,
         max_cases=max_cases,

@@ -261,9 +261,22 @@ def to_markdown(report: Report) -> str:
             "",
             f"<sub>{_md(str(e.device_name))} ({_md(str(e.device))}), torch {_md(str(e.torch))}, "
             f"triton {_md(str(e.triton))}, kassay {_md(str(e.kassay))}{reference_cache_note(report)}"
-            "</sub>",
+            f"{artifacts_note(report)}</sub>",
         ]
     return "\n".join(out) + "\n"
+
+
+def artifacts_note(report: Report) -> str:
+    """ ", code brought by the job: sha256 ..." from the cases' environments (the artifacts
+    they ran), empty for a job that brought none."""
+    digests: dict[str, None] = {}
+    for c in report.cases:
+        found = (c.environment.model_extra or {}).get("artifacts") if c.environment else None
+        for d in found if isinstance(found, list) else []:
+            digests[str(d)] = None
+    if not digests:
+        return ""
+    return ", code brought by the job: " + ", ".join(f"sha256 {_md(d[:16])}…" for d in digests)
 
 
 def reference_cache_note(report: Report) -> str:

@@ -42,6 +42,9 @@ LabelValue = Annotated[str, Field(max_length=1000)]
 MAX_LABELS = 64
 #: seeds travel as int64
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
+#: an artifact (code a job brings) by the sha256 of its bytes, lowercase hex
+Digest = Annotated[str, Field(min_length=64, max_length=64, pattern=r"^[0-9a-f]{64}$")]
+MAX_ARTIFACTS = 16
 
 
 class TolerancePolicy(BaseModel):
@@ -151,6 +154,20 @@ class JobSpec(BaseModel):
         description="compare the job, once over, with this one; the service records the "
         "verdict with the job and its reports include it",
     )
+    artifacts: list[Digest] = Field(
+        default_factory=list,
+        max_length=MAX_ARTIFACTS,
+        description="sha256 digests of uploaded artifacts (POST /v1/artifacts) whose "
+        "`kassay.impls` entry points provide impls to this job; they run only in a sandboxed "
+        "executor, and submitting them needs the `code` scope",
+    )
+
+    @field_validator("artifacts")
+    @classmethod
+    def _unique_artifacts(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("artifacts must not repeat a digest")
+        return v
 
 
 class GroupSpec(BaseModel):
@@ -169,6 +186,8 @@ class GroupSpec(BaseModel):
     tolerance: TolerancePolicy = Field(default_factory=TolerancePolicy)
     timing: TimingPolicy = Field(default_factory=TimingPolicy)
     coverage: str = ""  # empty: a point of the user's grid; else why coverage added it
+    #: the job's artifacts: this group runs only in a sandboxed executor that loaded them
+    artifacts: list[Digest] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
 
     def case_ids(self) -> list[str]:
         return [case_id(self.group_id, impl) for impl in self.impls]
@@ -326,9 +345,13 @@ def expand(
                 if suite.regimes is None and not op.default_regime_ok(parsed, regime):
                     continue
                 for seed in suite.seeds:
-                    groups.append(_group(op.name, suite, si, params, regime, seed))
+                    groups.append(
+                        _group(op.name, suite, si, params, regime, seed, artifacts=spec.artifacts)
+                    )
         if suite.coverage == "standard":
-            groups += _coverage_groups(op, suite, si, points, regimes, groups)
+            groups += _coverage_groups(
+                op, suite, si, points, regimes, groups, artifacts=list(spec.artifacts)
+            )
     n_cov = sum(len(g.impls) for g in groups if g.coverage)
     if n_cov and n + n_cov > cap:
         raise CaseLimitError(
@@ -351,6 +374,8 @@ def _group(
     seed: int,
     timing: TimingPolicy | None = None,
     coverage: str = "",
+    *,
+    artifacts: list[str] | None = None,
 ) -> GroupSpec:
     """One input group of suite `si` at a validated params dump."""
     return GroupSpec(
@@ -365,6 +390,7 @@ def _group(
         tolerance=suite.tolerance,
         timing=timing if timing is not None else suite.timing,
         coverage=coverage,
+        artifacts=list(artifacts or []),
     )
 
 
@@ -375,9 +401,12 @@ def _coverage_groups(
     points: list[dict[str, Any]],
     regimes: list[str],
     existing: list[GroupSpec],
+    *,
+    artifacts: list[str],
 ) -> list[GroupSpec]:
     """Groups for the edge points coverage adds to one suite: valid for the op, not already in
-    the grid, at the suite's first seed, untimed."""
+    the grid, at the suite's first seed, untimed; they load the job's `artifacts` as its grid
+    groups do (the suite's impls may come from them)."""
     from kassay.validate.coverage import coverage_points
 
     seen = {(json.dumps(g.params, sort_keys=True), g.regime) for g in existing}
@@ -396,6 +425,16 @@ def _coverage_groups(
             continue
         seen.add(key)
         out.append(
-            _group(op.name, suite, si, params, regime, seed, TimingPolicy(enabled=False), note)
+            _group(
+                op.name,
+                suite,
+                si,
+                params,
+                regime,
+                seed,
+                TimingPolicy(enabled=False),
+                note,
+                artifacts=artifacts,
+            )
         )
     return out

@@ -45,6 +45,13 @@ def register(sub: Any) -> None:
         help="seconds a case may run before its executor is killed (default 300)",
     )
     p.add_argument("--worker-id", default=None, help="name reported in results and Describe")
+    p.add_argument(
+        "--no-artifacts",
+        dest="artifacts",
+        action="store_false",
+        default=None,
+        help="run no code that jobs bring (default: run it sandboxed; KASSAY_WORKER_ARTIFACTS)",
+    )
     p.set_defaults(func=_cmd_worker)
 
 
@@ -63,6 +70,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         "enable_test_impls": args.enable_test_impls,
         "case_timeout_s": args.case_timeout,
         "worker_id": args.worker_id,
+        "worker_artifacts": args.artifacts,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -75,8 +83,10 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from kassay.worker.sandbox import SandboxConfig
     from kassay.worker.server import WorkerConfig, serve
 
+    artifact_dir = settings.artifact_dir or settings.data_dir / "artifacts"
     config = WorkerConfig(
         listen=settings.worker_listen,
         device=settings.device,
@@ -95,5 +105,25 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         max_queued_groups=settings.max_queued_groups,
         max_group_impls=settings.max_group_impls,
         max_timing_budget_s=settings.max_timing_budget_s,
+        artifact_dir=str(artifact_dir.resolve()) if settings.worker_artifacts else None,
+        max_artifact_bytes=settings.max_artifact_bytes,
+        sandbox=SandboxConfig(
+            workdir="",
+            cpu_s=settings.sandbox_cpu_s,
+            nofile=settings.sandbox_nofile,
+            nproc=settings.sandbox_nproc,
+            data_bytes=settings.sandbox_memory_bytes or _half_memory(),
+            uid=settings.sandbox_uid,
+        ),
     )
     return asyncio.run(serve(config))
+
+
+def _half_memory() -> int:
+    """Half of the host's memory: the default host-memory limit of sandboxed code."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):
+        return 0

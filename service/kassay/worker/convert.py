@@ -160,6 +160,7 @@ def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
         impls=list(group.impls),
         baseline=group.baseline,
         coverage=group.coverage,
+        artifacts=list(group.artifacts),
     )
     set_params(msg, group.op, group.params)
     fill(msg.tolerance, group.tolerance.model_dump(), ("tolerance",))
@@ -200,6 +201,7 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
             "tolerance": tolerance,
             "timing": timing,
             "coverage": msg.coverage,
+            "artifacts": list(msg.artifacts),
         },
         loc,
     )

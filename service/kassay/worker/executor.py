@@ -1,10 +1,17 @@
 """The executor: the child process that owns the device and runs input groups through the engine.
 
     python -m kassay.worker.executor --device cpu [--enable-test-impls] [--ceilings JSON]
+                                     [--artifact DIGEST --artifact-path DIR ...] [--sandboxed]
 
 The supervisor (kassay.worker.supervisor) starts one per device and talks to it over the child's
-stdin/stdout with length-prefixed pickled dicts (see `Channel`); on start-up the child moves the
-protocol off fds 0/1 and points fd 1 at stderr, so whatever an impl prints cannot corrupt it.
+stdin/stdout with length-prefixed JSON objects (see `Channel`; JSON, not pickle: the worker
+must be able to read what a sandboxed executor sends without running any of it); on start-up
+the child moves the protocol off fds 0/1 and points fd 1 at stderr, so whatever an impl prints
+cannot corrupt it.
+
+With --artifact-path, the executor also loads the `kassay.impls` entry points of the artifacts
+unpacked in those folders (kassay.worker.artifacts); the supervisor starts such an executor only
+inside the sandbox (kassay.worker.sandbox), one per group, and discards it after.
 
 Messages, supervisor -> executor:
     {"type": "run", "group": GroupSpec dump, "include_mutants": bool}
@@ -29,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import shutil
 import signal
 import struct
@@ -38,6 +44,8 @@ import traceback
 from typing import Any, BinaryIO
 
 _HEADER = struct.Struct(">I")
+#: the largest message either side accepts (a result is a few KiB)
+MAX_FRAME_BYTES = 64 << 20
 POISONED_EXIT_CODE = 3
 FATAL_EXIT_CODE = 2
 # Substrings of errors after which a CUDA context cannot be trusted (sticky errors).
@@ -51,8 +59,12 @@ _CUDA_POISON = (
 )
 
 
+class ProtocolError(ValueError):
+    """A message that is not a length-prefixed JSON object within the size limit."""
+
+
 class Channel:
-    """Length-prefixed pickle frames over a pair of byte streams (both sides use it)."""
+    """Length-prefixed JSON frames over a pair of byte streams (both sides use it)."""
 
     def __init__(self, rfile: BinaryIO, wfile: BinaryIO) -> None:
         self.rfile, self.wfile = rfile, wfile
@@ -70,8 +82,25 @@ class Channel:
 
     @staticmethod
     def encode(obj: dict[str, Any]) -> bytes:
-        body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        body = json.dumps(obj, default=str, separators=(",", ":")).encode()
         return _HEADER.pack(len(body)) + body
+
+    @staticmethod
+    def frame_size(head: bytes) -> int:
+        size = int(_HEADER.unpack(head)[0])
+        if size > MAX_FRAME_BYTES:
+            raise ProtocolError(f"a message of {size} bytes (the limit is {MAX_FRAME_BYTES})")
+        return size
+
+    @staticmethod
+    def decode(body: bytes) -> dict[str, Any]:
+        try:
+            obj = json.loads(body)
+        except ValueError as exc:
+            raise ProtocolError(f"a message that is not JSON: {exc}") from None
+        if not isinstance(obj, dict):
+            raise ProtocolError("a message that is not a JSON object")
+        return obj
 
     def send(self, obj: dict[str, Any]) -> None:
         self.wfile.write(self.encode(obj))
@@ -91,8 +120,8 @@ class Channel:
         head = self._read(_HEADER.size)
         if head is None:
             return None
-        body = self._read(_HEADER.unpack(head)[0])
-        return None if body is None else pickle.loads(body)
+        body = self._read(self.frame_size(head))
+        return None if body is None else self.decode(body)
 
 
 def wants_interpreter(device: str) -> bool:
@@ -187,6 +216,8 @@ class Executor:
         testing: bool,
         ceilings: dict[str, float] | None,
         worker_id: str | None,
+        artifacts: list[str] | None = None,
+        artifact_paths: list[str] | None = None,
     ) -> None:
         import torch
 
@@ -207,12 +238,17 @@ class Executor:
             load(mutants=True, testing=testing)
         except ModuleNotFoundError:  # a build without the mutant corpus
             load(testing=testing)
+        self.artifacts = list(artifacts or [])
+        artifact_errors = load_artifacts(artifact_paths or [])
         # Measured once per worker: a restarted executor reuses its predecessor's figures so a
         # restart stays well under the 10 s budget.
         if ceilings is None:
             ceilings = measure_ceilings(self.device)
         self.ceilings = ceilings
         env = environment(self.device).model_copy(update={"ceilings": ceilings})
+        if self.artifacts:  # results say which code they measured
+            env = env.model_copy(update={"artifacts": self.artifacts})
+        self.env = env
         total, free = _memory(self.device)
         self.info = {
             "pid": os.getpid(),
@@ -223,6 +259,8 @@ class Executor:
             "environment": env.model_dump(),
             "ceilings": ceilings,
             "ops": describe_ops(self.device, include_testing=testing),
+            "artifacts": self.artifacts,
+            "artifact_errors": artifact_errors,
         }
 
     def _poisoned(self, message: str) -> str | None:
@@ -245,6 +283,10 @@ class Executor:
             self.chan.send({"type": "started", "case_id": case_id})
 
         def on_result(result: Any) -> None:
+            if self.artifacts and result.environment is not None:
+                result.environment = result.environment.model_copy(
+                    update={"artifacts": self.artifacts}
+                )
             self.chan.send({"type": "result", "result": result.model_dump()})
             reason = self._poisoned(result.message if result.status == "error" else "")
             if reason is not None:
@@ -275,8 +317,56 @@ class Executor:
             self.chan.send({"type": "group_done"})
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this process when the worker dies, even mid-case (no orphaned hangs)."""
+def load_artifacts(paths: list[str]) -> list[str]:
+    """Put the artifacts' folders first on sys.path and register the impls of their
+    `kassay.impls` entry points (kind `artifact`). An impl may not take the name of one that
+    is already registered (a built-in, a plugin). Returns what failed to load, as messages."""
+    import sys
+    from importlib import metadata
+
+    from kassay.impls.registry import Impl, list_impls, register
+
+    errors: list[str] = []
+    taken = {(i.op, i.name) for i in list_impls(include_mutants=True, include_testing=True)}
+    for path in reversed(paths):
+        sys.path.insert(0, path)
+    for path in paths:
+        for dist in metadata.distributions(path=[path]):
+            for ep in dist.entry_points.select(group="kassay.impls"):
+                where = f"{dist.metadata['Name']}: entry point {ep.name} = {ep.value}"
+                try:
+                    obj = ep.load()
+                    made = obj() if callable(obj) and not isinstance(obj, Impl) else obj
+                    items = [made] if isinstance(made, Impl) else list(made or [])
+                except Exception as exc:
+                    errors.append(f"{where}: {type(exc).__name__}: {exc}")
+                    continue
+                for impl in items:
+                    if not isinstance(impl, Impl):
+                        errors.append(f"{where}: returned {type(impl).__name__}, not an Impl")
+                    elif (impl.op, impl.name) in taken:
+                        errors.append(
+                            f"{where}: impl {impl.name!r} of op {impl.op!r} is already taken "
+                            "(a built-in or plugin of this worker); rename it"
+                        )
+                    else:
+                        register(_as_artifact(impl), replace=True)
+                        taken.add((impl.op, impl.name))
+    for err in errors:
+        print(f"kassay executor: artifact impl not loaded: {err}", file=sys.stderr)
+    return errors
+
+
+def _as_artifact(impl: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(impl, kind="artifact")
+
+
+def _die_with_parent(*, check_parent: bool = True) -> None:
+    """Linux: SIGKILL this process when the worker dies, even mid-case (no orphaned hangs).
+    `check_parent`: exit at once if already orphaned (in a sandbox the parent is PID 1 of its
+    namespace, which is no orphan)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -286,7 +376,7 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
-    if os.getppid() == 1:  # the parent died before prctl took effect
+    if check_parent and os.getppid() == 1:  # the parent died before prctl took effect
         os._exit(FATAL_EXIT_CODE)
 
 
@@ -296,8 +386,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--enable-test-impls", action="store_true")
     parser.add_argument("--ceilings", default=None, help="JSON of already measured ceilings")
     parser.add_argument("--worker-id", default=None)
+    parser.add_argument("--artifact", action="append", default=[], help="digest (repeat)")
+    parser.add_argument(
+        "--artifact-path", action="append", default=[], help="an artifact's unpacked folder"
+    )
+    parser.add_argument("--sandboxed", action="store_true", help="started by the sandbox")
     args = parser.parse_args(argv)
-    _die_with_parent()
+    _die_with_parent(check_parent=not args.sandboxed)
     if wants_interpreter(args.device):
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     chan = Channel.from_stdio()
@@ -311,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             testing=args.enable_test_impls,
             ceilings=json.loads(args.ceilings) if args.ceilings else None,
             worker_id=args.worker_id,
+            artifacts=args.artifact,
+            artifact_paths=args.artifact_path,
         )
     except Exception as exc:
         traceback.print_exc()

@@ -1,7 +1,11 @@
 """The executor process as the supervisor holds it: start-up of `python -m kassay.worker.executor`
-on a device, the framed messages over its pipes (length-prefixed pickles, see
+on a device, the framed messages over its pipes (length-prefixed JSON, see
 kassay.worker.executor.Channel), its stderr (forwarded, and its last lines kept for crash
 reports), and its end (asked to exit, or killed with everything it started).
+
+An executor for a job's artifacts is started inside the sandbox (kassay.worker.sandbox); a
+message that breaks the protocol (not JSON, too large) counts as the executor's death: it is
+killed and the running case reported `crashed`.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import pickle
 import re
 import signal
 import sys
@@ -19,7 +22,8 @@ from collections import deque
 from typing import Any
 
 from kassay.validate.spec import GroupSpec
-from kassay.worker.executor import Channel, wants_interpreter
+from kassay.worker.executor import Channel, ProtocolError, wants_interpreter
+from kassay.worker.sandbox import SandboxConfig
 
 STDERR_TAIL_LINES = 30
 
@@ -59,6 +63,7 @@ class ExecutorProcess:
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.poisoned: str | None = None
         self.pending: asyncio.Future[dict[str, Any] | None] | None = None  # the read under way
+        self.protocol_error: str | None = None
         self._stderr_task = asyncio.ensure_future(self._pump_stderr())
 
     @property
@@ -71,8 +76,17 @@ class ExecutorProcess:
 
     @classmethod
     async def spawn(
-        cls, *, device: str, testing: bool, ceilings: dict[str, float] | None, worker_id: str
+        cls,
+        *,
+        device: str,
+        testing: bool,
+        ceilings: dict[str, float] | None,
+        worker_id: str,
+        sandbox: SandboxConfig | None = None,
+        artifacts: dict[str, str] | None = None,
     ) -> ExecutorProcess:
+        """Start an executor; with `sandbox`, confined (see kassay.worker.sandbox) and loading
+        `artifacts` (digest -> unpacked folder)."""
         args = [
             sys.executable,
             "-m",
@@ -86,6 +100,12 @@ class ExecutorProcess:
             args.append("--enable-test-impls")
         if ceilings:
             args += ["--ceilings", json.dumps(ceilings)]
+        if sandbox is not None:
+            for digest, path in (artifacts or {}).items():
+                args += ["--artifact", digest, "--artifact-path", path]
+            args.append("--sandboxed")
+            launcher = [sys.executable, "-m", "kassay.worker.sandbox"]
+            args = [*launcher, "--config", sandbox.to_json(), "--", *args]
         env = dict(os.environ)
         if wants_interpreter(device):
             env["TRITON_INTERPRET"] = "1"
@@ -122,10 +142,16 @@ class ExecutorProcess:
         assert self.proc.stdout is not None
         try:
             head = await self.proc.stdout.readexactly(4)
-            body = await self.proc.stdout.readexactly(int.from_bytes(head, "big"))
+            body = await self.proc.stdout.readexactly(Channel.frame_size(head))
+            return Channel.decode(body)
         except (asyncio.IncompleteReadError, ConnectionError):
             return None
-        return pickle.loads(body)
+        except ProtocolError as exc:  # a broken (or hostile) executor: it is done for
+            self.protocol_error = str(exc)
+            self.stderr_tail.append(f"kassay: the executor broke the protocol: {exc}")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            return None
 
     async def next_event(
         self, deadline: float, interrupt: asyncio.Event | None

@@ -5,7 +5,8 @@ executor and follows its messages: a case starts, a case's result arrives, the g
 whole, the group is done. What the executor cannot report is reported here: a case that outlives
 its timeout (`timeout`), an executor that dies (`crashed`, with its exit and its last stderr
 lines), a group whose inputs or reference failed (`error`). After a crash or a timeout the next
-attempt, on a fresh executor, goes on with the impls not yet run.
+attempt, on a fresh executor, goes on with the impls not yet run. A group that names artifacts
+runs on sandboxed executors of its own (kassay.worker.executor_source), discarded at its end.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from kassay.validate.case_result import case_result
 from kassay.validate.results import CaseResult, Status
 from kassay.validate.spec import GroupSpec, case_id
 from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError, describe_exit
+from kassay.worker.executor_source import (
+    ExecutorSource,
+    GroupRefused,
+    SandboxedExecutor,
+    SharedExecutor,
+)
 
 if TYPE_CHECKING:
     from kassay.worker.supervisor import Supervisor
@@ -78,6 +85,11 @@ class GroupRun:
         self.current: str | None = None
         self.started_at = self.t0
         self.deadline = self.t0 + self.timeout
+        self.source: ExecutorSource = (
+            SandboxedExecutor(sup, item.group, include_mutants=item.run.include_mutants)
+            if item.group.artifacts
+            else SharedExecutor(sup)
+        )
 
     # --------------------------------------------------------------------------- the group
 
@@ -86,13 +98,16 @@ class GroupRun:
         were left without a result ('' when every impl has one)."""
         self.sup.current_group = self.group.group_id
         not_run_reason = ""
-        while self.remaining:
-            reason = self.sup.stop_reason(self.run)
-            if reason is not None:
-                not_run_reason = reason
-                break
-            if not await self._attempt():
-                break
+        try:
+            while self.remaining:
+                reason = self.sup.stop_reason(self.run)
+                if reason is not None:
+                    not_run_reason = reason
+                    break
+                if not await self._attempt():
+                    break
+        finally:
+            await self.source.close()
         if self.remaining and not not_run_reason:
             not_run_reason = self.sup.stop_reason(self.run) or "not run"
         return not_run_reason
@@ -105,9 +120,13 @@ class GroupRun:
         """Send the impls not yet run to the executor and follow them until the attempt ends.
         False when no executor can be had (the impls left are then reported `error`)."""
         try:
-            exe = await self.sup.ensure_executor()
+            exe = await self.source.acquire()
         except ExecutorStartError as exc:
             self._report_remaining("error", f"executor unavailable: {exc}")
+            return False
+        except GroupRefused as exc:
+            status: Status = "crashed" if exc.status == "crashed" else "error"
+            self._report_remaining(status, str(exc))
             return False
         self.attempt += 1
         self.sup.interrupt.clear()
@@ -115,7 +134,7 @@ class GroupRun:
             return True  # execute() sees the reason and stops
         sub = self.group.model_copy(update={"impls": list(self.remaining)})
         if not exe.send_run(sub, include_mutants=self.run.include_mutants):
-            await self.sup.lose_executor(exe, kill=True)
+            await self.source.lose(exe, kill=True)
             return True
         await self.sup.mark_busy()
         await self._follow(exe)
@@ -157,13 +176,13 @@ class GroupRun:
             return False
         if self.current is not None and not self.run.cancelled:
             return False  # draining: the running case may finish
-        await self.sup.lose_executor(exe, kill=True)
+        await self.source.lose(exe, kill=True)
         return True
 
     async def _on_timeout(self, exe: ExecutorProcess, now: float) -> None:
         """The running case (or the group's preparation) outlived the timeout: kill the
         executor and report it (or every impl left) `timeout`."""
-        await self.sup.lose_executor(exe, kill=True)
+        await self.source.lose(exe, kill=True)
         if self.current is not None:
             self._report_synthetic(
                 self.current,
@@ -184,8 +203,13 @@ class GroupRun:
         """The executor's pipe closed: report the running case (or every impl left, unless the
         executor said its CUDA context was poisoned after a result) `crashed`."""
         poisoned = exe.poisoned
-        rc = await self.sup.lose_executor(exe, kill=False)
-        died = f"the executor died: {describe_exit(rc)}"
+        broke = exe.protocol_error
+        rc = await self.source.lose(exe, kill=broke is not None)
+        died = (
+            f"the executor broke the protocol ({broke}) and was killed"
+            if broke
+            else f"the executor died: {describe_exit(rc)}"
+        )
         tail = exe.tail()
         if tail:
             died += f"; stderr: {tail}"
@@ -199,9 +223,9 @@ class GroupRun:
         ends with it."""
         mtype = msg.get("type")
         if mtype == "started":
-            self._case_started(str(msg["case_id"]), now)
+            self._case_started(str(msg.get("case_id")), now)
         elif mtype == "result":
-            return await self._case_finished(exe, msg["result"], now)
+            return await self._case_finished(exe, msg.get("result") or {}, now)
         elif mtype == "poisoned":
             exe.poisoned = str(msg.get("reason", ""))
             log.warning("executor %s: CUDA context poisoned: %s", exe.pid, exe.poisoned)
@@ -217,7 +241,11 @@ class GroupRun:
 
     def _case_started(self, cid: str, now: float) -> None:
         """A case begins: its timeout runs from now."""
-        self.current = cid.rsplit(":", 1)[-1]
+        impl = cid.rsplit(":", 1)[-1]
+        if cid != case_id(self.group.group_id, impl) or impl not in self.remaining:
+            log.warning("executor %s started %r, not a case of this group", self.attempt, cid)
+            return
+        self.current = impl
         self.sup.current_case = cid
         self._restart_clock(now)
         self.run.sink.started(cid, self.group.group_id, self.current, self.attempt)
@@ -225,14 +253,24 @@ class GroupRun:
     async def _case_finished(self, exe: ExecutorProcess, raw: dict[str, Any], now: float) -> bool:
         """The engine's result of the running case. True when the attempt ends here: the run
         stops and impls are left (the executor is killed rather than left to run them)."""
-        res = CaseResult.model_validate(raw)
+        try:
+            res = CaseResult.model_validate(raw)
+        except ValueError as exc:
+            log.warning("an executor sent a result that is not one: %s", exc)
+            return False
+        if res.group_id != self.group.group_id or res.impl not in self.remaining:
+            # only this group's open cases are the executor's to report (a sandboxed one can
+            # send anything)
+            log.warning("an executor sent a result for %r, not an open case", res.case_id)
+            return False
+        res.case_id = case_id(self.group.group_id, res.impl)
         if res.worker is None:
             res.worker = self.sup.worker_id
         self._report(res)
         self.current = self.sup.current_case = None
         self._restart_clock(now)
         if self.remaining and self.sup.stop_reason(self.run) is not None:
-            await self.sup.lose_executor(exe, kill=True)
+            await self.source.lose(exe, kill=True)
             return True
         return False
 

@@ -8,6 +8,10 @@ is handed back in GroupDone.not_run, the streams end, then the process exits 0.
 Who may call it and what a call may ask are kassay.worker.access (token, TLS/mTLS, loopback
 unless authenticated) and WorkerService._limits (the worker's own caps on a Run, whatever the
 caller is).
+
+Artifacts (code a job brings) arrive through PutArtifact, are checked against their sha256 and
+kept in the artifact cache; groups that name them run only in sandboxed executors
+(kassay.worker.sandbox), and Describe says what that sandbox stops on this host.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from grpc_reflection.v1alpha import reflection
 
 from kassay import __version__
 from kassay.errors import (
+    ConflictError,
     InvalidSpecError,
     ResourceError,
     UnknownImplError,
@@ -41,10 +46,12 @@ from kassay.errors import (
 from kassay.v1 import worker_pb2 as pb
 from kassay.v1 import worker_pb2_grpc
 from kassay.validate.results import CaseResult
-from kassay.validate.spec import GroupSpec
+from kassay.validate.spec import MAX_ARTIFACTS, GroupSpec
 from kassay.worker import convert
 from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
+from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor
+from kassay.worker.sandbox import SandboxConfig
 from kassay.worker.supervisor import ExecutorStartError, RunHandle, Supervisor
 
 log = logging.getLogger(__name__)
@@ -75,6 +82,10 @@ class WorkerConfig:
     max_queued_groups: int = 4096
     max_group_impls: int = 65
     max_timing_budget_s: float = 60.0
+    #: the artifact cache; None: this worker runs no artifacts
+    artifact_dir: str | None = None
+    max_artifact_bytes: int = 64 * 2**20
+    sandbox: SandboxConfig | None = None
 
 
 class _StreamSink:
@@ -157,7 +168,52 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         snap = self.sup.snapshot()
         snap["state"] = pb.ExecutorState.Value(f"EXECUTOR_STATE_{snap['state']}")
         convert.fill(resp.executor, snap)
+        convert.fill(resp.sandbox, self.sup.sandbox_info())
         return resp
+
+    # ----------------------------------------------------------------------------- Artifacts
+
+    def _cache(self) -> ArtifactCache:
+        if self.sup.artifacts is None:
+            raise ConflictError("this worker runs no artifacts (started without them)")
+        return self.sup.artifacts
+
+    async def ArtifactStatus(
+        self, request: pb.ArtifactStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ArtifactStatusResponse:
+        cache = self._cache()
+        # As many as one Run's groups can name: a cap of the worker's own, like Run's.
+        cap = MAX_ARTIFACTS * self.config.max_run_groups
+        if len(request.digests) > cap:
+            raise InvalidSpecError(
+                f"digests: {len(request.digests)} asked at once; this worker answers at most {cap}",
+                details={"errors": [{"loc": ["digests"], "msg": "too many digests"}]},
+            )
+        missing = await asyncio.to_thread(cache.missing, list(request.digests))
+        return pb.ArtifactStatusResponse(missing=missing)
+
+    async def PutArtifact(
+        self, request_iterator: AsyncIterator[pb.ArtifactChunk], context: grpc.aio.ServicerContext
+    ) -> pb.ArtifactInfo:
+        cache = self._cache()
+        first = await anext(aiter(request_iterator), None)
+        if first is None or not first.digest:
+            raise InvalidSpecError("the first chunk of an artifact must name its digest")
+        if first.size > cache.max_bytes:
+            raise InvalidSpecError(
+                f"artifact {first.digest[:12]} has {first.size} bytes; the limit is "
+                f"{cache.max_bytes}"
+            )
+        # The chunks are gathered here (at most max_bytes) and hashed and written in a thread.
+        chunks = [first.data]
+        size = len(first.data)
+        async for chunk in request_iterator:
+            size += len(chunk.data)
+            if size > cache.max_bytes:
+                raise InvalidSpecError(f"artifact {first.digest[:12]} is over its limit")
+            chunks.append(chunk.data)
+        n, existed = await asyncio.to_thread(cache.put, first.digest, first.filename, chunks)
+        return pb.ArtifactInfo(digest=first.digest, size=n, existed=existed)
 
     # ----------------------------------------------------------------------------------- Run
 
@@ -182,6 +238,19 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         "allowed": sorted(ops),
                     },
                 )
+            if g.artifacts:
+                if self.sup.artifacts is None:
+                    raise ConflictError(
+                        f"groups.{i}.artifacts: this worker runs no artifacts",
+                        details={"errors": [{"loc": [*loc, "artifacts"], "msg": "no artifacts"}]},
+                    )
+                missing = self.sup.artifacts.missing(g.artifacts)
+                if missing:
+                    raise ConflictError(
+                        f"groups.{i}.artifacts: this worker does not hold "
+                        f"{', '.join(missing)}; send them with PutArtifact first",
+                        details={"errors": [{"loc": [*loc, "artifacts"], "msg": "missing"}]},
+                    )
             if g.regime not in op["regimes"]:
                 raise InvalidSpecError(
                     f"groups.{i}.regime: op {g.op!r} has no regime {g.regime!r}; known "
@@ -197,6 +266,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     f"groups.{i}.impls: an impl is listed twice",
                     details={"errors": [{"loc": [*loc, "impls"], "msg": "duplicate impl"}]},
                 )
+            if g.artifacts:  # its impls may come from the artifacts: checked once they load
+                continue
             for field, names in (("impls", g.impls), ("baseline", [g.baseline])):
                 for name in names:
                     if name not in known:
@@ -369,6 +440,12 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
         case_timeout_s=config.case_timeout_s,
         start_timeout_s=config.start_timeout_s,
         on_serving=on_serving,
+        artifacts=(
+            ArtifactCache(Path(config.artifact_dir), max_bytes=config.max_artifact_bytes)
+            if config.artifact_dir
+            else None
+        ),
+        sandbox_config=config.sandbox,
     )
     service = WorkerService(sup, config)
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)

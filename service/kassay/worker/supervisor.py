@@ -10,7 +10,9 @@ executor is restarted); draining on shutdown lets the running case finish. Eithe
 that did not run are handed back as not run.
 
 The executor process and its messages are kassay.worker.executor_process; the steps that follow
-one group's cases on it are kassay.worker.group_run.
+one group's cases on it are kassay.worker.group_run. A group that names artifacts runs on
+sandboxed executors of its own instead (kassay.worker.executor_source, kassay.worker.sandbox),
+from the artifact cache (kassay.worker.artifacts).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 from kassay.errors import ConflictError, WorkerUnavailableError
 from kassay.validate.results import Environment
 from kassay.validate.spec import GroupSpec
+from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.executor_process import (
     ExecutorProcess,
     ExecutorStartError,
@@ -33,6 +36,7 @@ from kassay.worker.executor_process import (
     summarize_stderr,
 )
 from kassay.worker.group_run import GroupRun, QueuedGroup, RunHandle, RunSink
+from kassay.worker.sandbox import Capabilities, SandboxConfig
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,8 @@ class Supervisor:
         case_timeout_s: float = 300.0,
         start_timeout_s: float = 120.0,
         on_serving: Callable[[bool], Awaitable[None]] | None = None,
+        artifacts: ArtifactCache | None = None,
+        sandbox_config: SandboxConfig | None = None,
     ) -> None:
         self.device = device
         self.worker_id = worker_id
@@ -67,6 +73,10 @@ class Supervisor:
         self.case_timeout_s = case_timeout_s
         self.start_timeout_s = start_timeout_s
         self.on_serving = on_serving
+        #: where artifacts are kept (None: this worker runs no artifacts) and how they run
+        self.artifacts = artifacts
+        self.sandbox_config = sandbox_config or SandboxConfig(workdir="")
+        self.sandbox_caps: Capabilities | None = None
         self.state = State.STARTING
         self.info: dict[str, Any] = {}
         self.ceilings: dict[str, float] | None = None
@@ -89,6 +99,8 @@ class Supervisor:
 
     async def start(self) -> None:
         """Start the first executor (raises ExecutorStartError) and the group loop."""
+        if self.artifacts is not None:
+            self.sandbox_caps = await probe_sandbox()
         await self.ensure_executor()
         self._loop_task = asyncio.ensure_future(self._loop())
 
@@ -232,12 +244,21 @@ class Supervisor:
         if self._executor is not None and self.state == State.BUSY:
             await self._set_state(State.IDLE)
 
-    async def _spawn_ready(self) -> ExecutorProcess:
+    def sandbox_info(self) -> dict[str, Any]:
+        """The kassay.v1.Sandbox fields: whether this worker runs artifacts, and how."""
+        if self.artifacts is None or self.sandbox_caps is None:
+            return {"artifacts": False, "notes": ["this worker runs no artifacts"]}
+        return {"artifacts": True, **self.sandbox_caps.describe(self.sandbox_config)}
+
+    async def spawn_ready(self, **extra: Any) -> tuple[ExecutorProcess, dict[str, Any]]:
+        """Start an executor (`extra`: ExecutorProcess.spawn's sandbox arguments) and wait for
+        its ready message: (executor, what it reported)."""
         exe = await ExecutorProcess.spawn(
             device=self.device,
             testing=self.enable_test_impls,
             ceilings=self.ceilings,
             worker_id=self.worker_id,
+            **extra,
         )
         try:
             msg = await asyncio.wait_for(exe.recv(), self.start_timeout_s)
@@ -247,10 +268,16 @@ class Supervisor:
                 f"the executor did not start within {self.start_timeout_s:g} s"
             ) from None
         if msg is None or msg.get("type") != "ready":
+            if msg is None:  # its pipe closed: let it finish dying, to report how it died
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(exe.proc.wait(), 5.0)
             rc = await exe.kill()
             why = msg.get("error") if msg else f"{describe_exit(rc)}; {exe.tail(4)}"
             raise ExecutorStartError(f"the executor failed to start: {why}")
-        info = msg["info"]
+        return exe, dict(msg.get("info") or {})
+
+    async def _spawn_ready(self) -> ExecutorProcess:
+        exe, info = await self.spawn_ready()
         if self.ceilings is None:
             self.ceilings = dict(info.get("ceilings") or {})
         self.info = info
@@ -350,6 +377,27 @@ class Supervisor:
             reason if not_run else "",
             active.t0,
         )
+
+
+async def probe_sandbox() -> Capabilities:
+    """What this host lets the sandbox do (asked of a child process: the probe forks)."""
+    import json
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kassay.worker.sandbox",
+        "--probe",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    try:
+        return Capabilities(**json.loads(out))
+    except (ValueError, TypeError):
+        note = f"the sandbox probe failed: {err.decode(errors='replace')[-300:]}"
+        return Capabilities(root=False, landlock_abi=0, namespaces=False, notes=[note])
 
 
 def _log_task_error(task: asyncio.Task[Any]) -> None:

@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
-from kassay.api.auth import require_read, require_write
+from kassay.api.auth import code_denial, require_read, require_write
 from kassay.api.comparisons import compare, report_with_verdict
 from kassay.api.deps import Services, services
 from kassay.api.schemas import ErrorBody, Job, JobPage
@@ -103,6 +103,7 @@ async def create_job(
             workers=svc.dispatcher,
             settings=svc.settings,
             idempotency_key=idempotency_key,
+            code_denial=code_denial(request),
         )
     except KassayError as exc:
         svc.metrics.jobs_refused.labels(type(exc).__name__).inc()

@@ -9,7 +9,7 @@ impls of a group that have no result yet.
 Four parts share one engine: `jobs` (job records), `queue` (the group queue: claims, leases,
 requeue, cancel), `results` (case results, environments, reports) and `history` (results by
 case key across jobs, comparison targets and verdicts, series). `Store` holds them and offers
-their methods under the names callers use.
+their methods under the names callers use; `artifacts` (the code jobs bring) is used as a part.
 
 Every method is synchronous and short; the async dispatcher calls them through a thread.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from sqlalchemy import select
 
+from kassay.api.store.artifacts import ArtifactRecord, Artifacts
 from kassay.api.store.database import make_engine, sqlite_file
 from kassay.api.store.history import History
 from kassay.api.store.jobs import ACTIVE_STATES, JOB_STATES, JobRecord, Jobs, body_hash, new_job_id
@@ -37,6 +38,7 @@ class Store:
         self.results = Results(self.engine, self.jobs)
         self.queue = GroupQueue(self.engine, self.jobs, self.results)
         self.history = History(self.engine)
+        self.artifacts = Artifacts(self.engine)
         # The parts' methods, bound here so that callers keep one object to talk to.
         self.create_job = self.jobs.create_job
         self.find_by_key = self.jobs.find_by_key
@@ -79,6 +81,8 @@ class Store:
 __all__ = [
     "ACTIVE_STATES",
     "JOB_STATES",
+    "ArtifactRecord",
+    "Artifacts",
     "Claim",
     "GroupQueue",
     "History",

@@ -76,6 +76,7 @@ class GroupQueue:
         owner: str,
         lease_s: float,
         impls: set[str] | None = None,
+        code: bool = False,
         share: int = 1,
     ) -> list[Claim]:
         """Lease up to `n` pending groups to `worker`, all of the oldest queued job's.
@@ -83,7 +84,9 @@ class GroupQueue:
         `share` is how many workers are taking from the queue: a claim then takes at most its
         fair part of the job's pending groups (rounded up), so one worker does not batch away
         a job while the others idle."""
-        first = self.claim_group(worker=worker, owner=owner, lease_s=lease_s, impls=impls)
+        first = self.claim_group(
+            worker=worker, owner=owner, lease_s=lease_s, impls=impls, code=code
+        )
         if first is None:
             return []
         if share > 1 and n > 1:
@@ -97,7 +100,12 @@ class GroupQueue:
         claims = [first]
         while len(claims) < n:
             more = self.claim_group(
-                worker=worker, owner=owner, lease_s=lease_s, impls=impls, job_id=first.job_id
+                worker=worker,
+                owner=owner,
+                lease_s=lease_s,
+                impls=impls,
+                code=code,
+                job_id=first.job_id,
             )
             if more is None:
                 break
@@ -111,11 +119,13 @@ class GroupQueue:
         owner: str,
         lease_s: float,
         impls: set[str] | None = None,
+        code: bool = False,
         job_id: str | None = None,
     ) -> Claim | None:
         """Lease the oldest pending group to `worker`; None when nothing is queued.
-        `impls` (what the worker offers, None = anything) skips groups it cannot run;
-        `job_id` restricts the claim to one job."""
+        `impls` (what the worker offers, None = anything) skips groups it cannot run; groups
+        that name artifacts go only to a worker that runs them (`code`), whatever their impl
+        names; `job_id` restricts the claim to one job."""
         for _ in range(20):  # another dispatcher may win the same row: try the next one
             with self.engine.connect() as conn:
                 rows = conn.execute(
@@ -141,7 +151,9 @@ class GroupQueue:
             for r in rows:
                 raw = r.spec
                 spec = GroupSpec.model_validate(json.loads(raw) if isinstance(raw, str) else raw)
-                if impls is None or set(spec.impls) <= impls:
+                # a group with artifacts: its impls come from them, any code worker runs it
+                runnable = code if spec.artifacts else impls is None or set(spec.impls) <= impls
+                if runnable:
                     picked = (r, spec)
                     break
             if picked is None:

@@ -1,0 +1,95 @@
+"""Artifact code on CUDA inside the sandbox: a module artifact whose impl launches a Triton kernel
+(compiled in the sandbox's working directory, under its rlimits and Landlock) runs next to torch
+and passes; the sandboxed executor is gone afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+MODULE = """
+from kassay.impls import Impl
+from kassay.impls.lse_harness import as_run, supports_modes
+
+
+def _merge(outs, lses, *, lse_layout, accumulate):
+    import sys
+    sys.path.insert(0, {src!r})
+    from kassay_example_kernels.merge import merge_states
+    return merge_states(outs, lses, lse_layout=lse_layout)
+
+
+def impls():
+    return [Impl("lse_merge", "gpu_example_merge", as_run(merge=_merge),
+                 supports=supports_modes(merge=True, update=False))]
+"""
+
+
+def test_a_triton_artifact_runs_sandboxed_on_cuda(tmp_path: Path) -> None:
+    from kassay.artifacts import sha256
+    from kassay.validate.spec import GroupSpec
+    from kassay.worker.artifacts import ArtifactCache
+    from kassay.worker.group_run import RunHandle
+    from kassay.worker.sandbox import SandboxConfig
+    from kassay.worker.supervisor import Supervisor
+
+    src = ROOT / "examples" / "kernel-package" / "src"
+    data = MODULE.format(src=str(src)).encode()
+    digest = sha256(data)
+    cache = ArtifactCache(tmp_path / "artifacts", max_bytes=1 << 20)
+    cache.put(digest, "gpu_example.py", [data])
+    results = []
+
+    class Sink:
+        def started(self, *a: object) -> None: ...
+
+        def result(self, r: object) -> None:
+            results.append(r)
+
+        def done(self, *a: object) -> None: ...
+
+        def finished(self) -> None:
+            finished.set()
+
+    async def run() -> None:
+        sup = Supervisor(
+            device="cuda:0",
+            worker_id="gpu-test",
+            artifacts=cache,
+            sandbox_config=SandboxConfig(workdir="", data_bytes=64 << 30),
+        )
+        await sup.start()
+        try:
+            print("sandbox:", sup.sandbox_info())
+            group = GroupSpec(
+                group_id="g",
+                op="lse_merge",
+                params={"T": 1024, "Hh": 8, "D": 128, "K": 4, "dtype": "bfloat16"},
+                impls=["torch", "gpu_example_merge"],
+                artifacts=[digest],
+            )
+            sup.submit(RunHandle(run_id="r", sink=Sink()), [group])
+            await asyncio.wait_for(finished.wait(), 600)
+        finally:
+            await sup.close()
+
+    finished = asyncio.Event()
+    asyncio.run(run())
+    status = {r.impl: (r.status, r.message[:500]) for r in results}
+    assert status == {"torch": ("passed", ""), "gpu_example_merge": ("passed", "")}, status
+    assert all(r.environment.model_extra["artifacts"] == [digest] for r in results)
+    leftovers = [
+        p for p in os.listdir("/proc") if p.isdigit() and os.stat(f"/proc/{p}").st_uid == 65534
+    ]
+    assert not leftovers

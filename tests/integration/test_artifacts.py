@@ -1,0 +1,407 @@
+"""Bring your own kernel, through the real API, worker and sandboxed executor: a kernel package's
+wheel built here is uploaded and run next to torch; hostile artifacts each fail only their own
+cases, leave the worker serving and leak nothing. The worker requires a token, so artifacts
+travel over the same authenticated channel as runs."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kassay_client import Client
+from kassay_client.errors import (
+    AuthenticationError,
+    PayloadTooLargeError,
+    PermissionDeniedError,
+    UnprocessableEntityError,
+)
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+CODE_TOKEN = "itest-code"
+#: the API and the worker share it: artifacts reach the worker over the authenticated channel
+WORKER_TOKEN = "itest-byok-worker-token-" + secrets.token_hex(8)
+SECRET = "kassay-secret-" + secrets.token_hex(8)
+MAX_ARTIFACT_BYTES = 1_000_000
+PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+PIP_WHEEL += ["--no-index"]
+
+#: a module artifact whose impls misbehave, each in its own way; {port} and {outside} are filled
+#: in by the test (the API's port, a world-writable folder outside the sandbox)
+HOSTILE = """
+import ctypes, os, socket, sys, time
+from kassay.impls import Impl
+
+def _secrets(inputs, params):
+    found = dict(os.environ)
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                found["/proc/" + pid] = open(f"/proc/{{pid}}/environ").read()
+            except OSError:
+                pass
+    text = repr(found)
+    print("STOLEN", text)
+    print("STOLEN", text, file=sys.stderr)
+    raise RuntimeError("STOLEN " + text)
+
+def _connect(inputs, params):
+    socket.create_connection(("127.0.0.1", {port}), timeout=2).close()
+    raise RuntimeError("connected to the API")
+
+def _write(inputs, params):
+    with open("inside.txt", "w") as fh:
+        fh.write("ok")
+    wrote = []
+    for path in ("{outside}/escaped.txt", "/tmp/kassay-escaped-{port}.txt", __file__):
+        try:
+            with open(path, "a") as fh:
+                fh.write("escaped")
+            wrote.append(path)
+        except OSError:
+            pass
+    raise RuntimeError(f"inside: {{os.path.exists('inside.txt')}}; escaped to: {{wrote}}")
+
+def _fork_bomb(inputs, params):
+    n = 0
+    while True:
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            raise RuntimeError(f"fork refused after {{n}} children: {{exc}}")
+        if pid == 0:
+            time.sleep(3600)
+            os._exit(0)
+        n += 1
+        if n > 5000:
+            raise RuntimeError("forked 5000 children")
+
+def _memory(inputs, params):
+    hoard = []
+    while True:
+        hoard.append(bytearray(64 << 20))
+
+def _spin(inputs, params):
+    while True:
+        pass
+
+def _segfault(inputs, params):
+    ctypes.string_at(0)
+
+def impls():
+    made = [("h_secrets", _secrets), ("h_connect", _connect), ("h_write", _write),
+            ("h_fork", _fork_bomb), ("h_memory", _memory), ("h_spin", _spin),
+            ("h_segfault", _segfault)]
+    return [Impl("lse_merge", name, run) for name, run in made]
+"""
+
+EXIT_AT_IMPORT = """
+import os
+os._exit(3)
+
+def impls():
+    return []
+"""
+
+
+@dataclass
+class CodeStack:
+    url: str
+    port: int
+    worker: Any
+    api: Any
+    wheel: Path
+    tmp: Path
+
+    def client(self, token: str | None = CODE_TOKEN) -> Client:
+        return Client(self.url, token=token, timeout=60)
+
+
+def _build_wheel(tmp: Path) -> Path:
+    """The example kernel package's wheel, built as its CI would."""
+    src = tmp / "kernel-package"
+    shutil.copytree(ROOT / "examples" / "kernel-package", src)
+    out = tmp / "dist"
+    subprocess.run(
+        [*PIP_WHEEL, "-w", str(out), str(src)],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = out.glob("*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def code_stack(module_procs: Any) -> Iterator[CodeStack]:
+    tmp = module_procs.tmp
+    secret_env = {"KASSAY_TEST_SECRET": SECRET, "AWS_SECRET_ACCESS_KEY": SECRET}
+    worker = module_procs.worker(
+        env={
+            **secret_env,
+            "KASSAY_SANDBOX_MEMORY_BYTES": str(1536 << 20),
+            "KASSAY_SANDBOX_NPROC": "200",
+            "KASSAY_WORKER_TOKEN": WORKER_TOKEN,
+        },
+        # h_memory fills 1.5 GiB before MemoryError (0.7 s alone, over 6 s on this shared
+        # 2-core box under a full test run): only h_spin should reach the timeout
+        case_timeout_s=15.0,
+    )
+    port = module_procs.free_port()
+    api = module_procs.api(
+        [worker],
+        port=port,
+        api_tokens=module_procs.write_token,
+        read_tokens=module_procs.read_token,
+        code_tokens=CODE_TOKEN,
+        max_artifact_bytes=str(MAX_ARTIFACT_BYTES),
+        test_secret=SECRET,
+        worker_token=WORKER_TOKEN,
+    )
+    wheel = _build_wheel(tmp)
+    try:
+        module_procs.wait_ready(api, worker)
+        yield CodeStack(api.extra["url"], port, worker, api, wheel, tmp)
+    finally:
+        for p in (api, worker):
+            p.stop()
+
+
+def _spec(impls: list[str], artifacts: list[str], **params: Any) -> dict[str, Any]:
+    return {
+        "name": "byok",
+        "artifacts": artifacts,
+        "suites": [
+            {
+                "op": "lse_merge",
+                "impls": impls,
+                "params": {"T": 16, "Hh": 2, "D": 32, "K": 3, "dtype": "float32", **params},
+                # an exact grid: each sandboxed group starts an executor of its own
+                "regimes": ["normal"],
+                "coverage": "none",
+                "timing": {"warmup": 0, "min_reps": 1, "max_reps": 2, "budget_s": 0.2},
+            }
+        ],
+    }
+
+
+def _cases(client: Client, job_id: str) -> dict[str, Any]:
+    return {c.impl: c for c in client.jobs.report(job_id).cases}
+
+
+def _assert_serving(client: Client) -> None:
+    """A plain job (no artifacts) still passes on the same worker."""
+    spec = _spec(["torch", "kassay"], [])
+    del spec["artifacts"]
+    job = client.jobs.wait(client.jobs.create(spec).id, timeout=120)
+    assert job.progress.passed == 2, _cases(client, job.id)
+
+
+def _sandbox_processes() -> list[str]:
+    """Processes of the sandbox's user still alive (none once a group is over)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and os.stat(f"/proc/{pid}").st_uid == 65534:
+                out.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "))
+        except OSError:
+            pass
+    return out
+
+
+# ------------------------------------------------------------------------------- the happy path
+
+
+def test_a_wheel_built_here_runs_next_to_torch(code_stack: CodeStack) -> None:
+    with code_stack.client() as kc:
+        first = kc.artifacts.upload(code_stack.wheel)
+        again = kc.artifacts.upload(code_stack.wheel)
+        assert first.kind == "wheel" and first.entry_points == ["example"]
+        assert again.digest == first.digest and again.created_at == first.created_at
+        stored = [a for a in kc.artifacts.list() if a.digest == first.digest]
+        assert len(stored) == 1  # the same digest twice is stored once
+
+    spec_path = code_stack.tmp / "byok.yaml"
+    import yaml
+
+    spec = _spec(["torch", "example_merge"], [], K=[2, 3])
+    del spec["artifacts"]
+    spec_path.write_text(yaml.safe_dump(spec))
+    junit, md = code_stack.tmp / "byok.xml", code_stack.tmp / "byok.md"
+    reports = ["--artifact", str(code_stack.wheel), "--junit", str(junit), "--markdown", str(md)]
+    env = {
+        **os.environ,
+        "KASSAY_SERVER": code_stack.url,
+        "KASSAY_TOKEN": CODE_TOKEN,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "service"), str(ROOT / "client")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "kassay.cli", "submit", str(spec_path), "--quiet", *reports],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"sha256:{first.digest}" in done.stderr
+    assert 'failures="0"' in junit.read_text() and "example_merge" in md.read_text()
+    assert f"code brought by the job: sha256 {first.digest[:16]}" in md.read_text()
+
+    with code_stack.client() as kc:
+        (job,) = kc.jobs.list(limit=1).items
+        report = kc.jobs.report(job.id)
+        assert {c.impl: c.status for c in report.cases} == {
+            "torch": "passed",
+            "example_merge": "passed",
+        } or sorted(c.status for c in report.cases) == ["passed"] * 4
+        assert len(report.cases) == 4
+        # the job records the code it ran: in every result's environment
+        assert all(c.environment["artifacts"] == [first.digest] for c in report.cases)
+    assert _sandbox_processes() == []
+
+
+def test_impl_names_no_artifact_provides_fail_listing_what_was_found(
+    code_stack: CodeStack,
+) -> None:
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(code_stack.wheel).digest
+        job = kc.jobs.create(_spec(["torch", "example_mrege"], [digest]))
+        job = kc.jobs.wait(job.id, timeout=120)
+        cases = _cases(kc, job.id)
+    assert job.ok is False
+    message = cases["example_mrege"].message
+    assert cases["example_mrege"].status == "error"
+    assert "unknown impl 'example_mrege'" in message and "example_merge" in message
+
+
+# -------------------------------------------------------------------------------- who may
+
+
+def test_code_needs_the_code_scope_and_bad_artifacts_are_refused(
+    code_stack: CodeStack, module_procs: Any
+) -> None:
+    wheel = code_stack.wheel
+    for token, error in (
+        (module_procs.write_token, PermissionDeniedError),
+        (module_procs.read_token, PermissionDeniedError),
+        (None, AuthenticationError),
+    ):
+        with code_stack.client(token) as kc, pytest.raises(error):
+            kc.artifacts.upload(wheel)
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(wheel).digest
+    with code_stack.client(module_procs.write_token) as kc:
+        with pytest.raises(PermissionDeniedError, match="code scope"):
+            kc.jobs.create(_spec(["torch", "example_merge"], [digest]))
+        kc.jobs.create(_spec(["torch"], []) | {"artifacts": []})  # plain jobs need no code scope
+    bad = code_stack.tmp / "bad"
+    bad.mkdir()
+    cases = {
+        "big.py": b"def impls():\n    return []\n" + b"#" * MAX_ARTIFACT_BYTES,
+        "noimpls.py": b"x = 1\n",
+        "broken-0.1-py3-none-any.whl": b"not a zip",
+        "../escape.py": b"def impls(): return []\n",
+    }
+    with code_stack.client() as kc:
+        with pytest.raises(UnprocessableEntityError, match=r"no artifact"):
+            kc.jobs.create(_spec(["torch"], ["0" * 64]))
+        for name, data in cases.items():
+            expected = PayloadTooLargeError if name == "big.py" else UnprocessableEntityError
+            with pytest.raises(expected):
+                kc.request(
+                    "POST",
+                    "/v1/artifacts",
+                    params={"filename": name},
+                    content=data,
+                    headers={"Content-Type": "application/octet-stream"},
+                )
+
+
+# ------------------------------------------------------------------------------- hostile code
+
+
+def test_hostile_artifacts_fail_only_their_own_cases(code_stack: CodeStack) -> None:
+    outside = code_stack.tmp / "outside"
+    outside.mkdir()
+    outside.chmod(0o777)  # only the sandbox stands between the code and this folder
+    module = code_stack.tmp / "kassay_hostile.py"
+    module.write_text(HOSTILE.format(port=code_stack.port, outside=outside))
+    hostile = [
+        "h_secrets",
+        "h_connect",
+        "h_write",
+        "h_fork",
+        "h_memory",
+        "h_spin",
+        "h_segfault",
+    ]
+    with code_stack.client() as kc:
+        good = kc.artifacts.upload(code_stack.wheel).digest
+        bad = kc.artifacts.upload(module).digest
+        job = kc.jobs.create(_spec(["torch", *hostile, "example_merge"], [good, bad]))
+        job = kc.jobs.wait(job.id, timeout=300)
+        cases = _cases(kc, job.id)
+        md = kc.jobs.report(job.id, format="markdown")
+        status = {name: c.status for name, c in cases.items()}
+        assert status == {
+            "torch": "passed",
+            "h_secrets": "error",
+            "h_connect": "error",
+            "h_write": "error",
+            "h_fork": "error",
+            "h_memory": "error",
+            "h_spin": "timeout",
+            "h_segfault": "crashed",
+            "example_merge": "passed",
+        }, {n: c.message[:300] for n, c in cases.items()}
+        msg = {name: c.message for name, c in cases.items()}
+        # the environment is scrubbed and the worker's /proc entries are out of reach
+        assert "STOLEN" in msg["h_secrets"] and "KASSAY_TEST_SECRET" not in msg["h_secrets"]
+        assert WORKER_TOKEN not in msg["h_secrets"]  # nor the token that lets one run code
+        # no network: Landlock refuses TCP before the empty network namespace would
+        assert "Permission denied" in msg["h_connect"] or "unreachable" in msg["h_connect"]
+        assert "inside: True; escaped to: []" in msg["h_write"]
+        assert "fork refused after" in msg["h_fork"]
+        assert "MemoryError" in msg["h_memory"]
+        assert "SIGSEGV" in msg["h_segfault"]
+        _assert_serving(kc)
+    assert not (outside / "escaped.txt").exists()
+    assert not Path(f"/tmp/kassay-escaped-{code_stack.port}.txt").exists()
+    for text in (md, code_stack.worker.tail(100_000), code_stack.api.tail(100_000)):
+        assert SECRET not in text and WORKER_TOKEN not in text
+    deadline = time.monotonic() + 10
+    while _sandbox_processes() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _sandbox_processes() == []
+
+
+def test_an_artifact_that_exits_at_import_fails_only_its_job(code_stack: CodeStack) -> None:
+    module = code_stack.tmp / "kassay_exit_at_import.py"
+    module.write_text(EXIT_AT_IMPORT)
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(module).digest
+        job = kc.jobs.wait(kc.jobs.create(_spec(["torch"], [digest])).id, timeout=120)
+        (case,) = _cases(kc, job.id).values()
+        assert case.status == "crashed"
+        assert "did not start" in case.message and "exited with code 3" in case.message
+        _assert_serving(kc)
+
+
+def test_workers_describe_their_sandbox(code_stack: CodeStack) -> None:
+    r = httpx.get(f"{code_stack.url}/v1/workers", timeout=10)
+    (worker,) = r.json()
+    box = worker["sandbox"]
+    assert box["artifacts"] is True
+    assert box["network"] in ("namespace", "landlock-tcp", "none")
+    assert box["limits"]["nproc"] == 200 and box["notes"]
