@@ -78,6 +78,7 @@ class WorkerLink:
     device_name: str | None = None
     memory_bytes: int | None = None
     memory_free_bytes: int | None = None
+    max_run_groups: int | None = None  # the worker's cap on groups per Run
     ops: dict[str, list[str]] = field(default_factory=dict)
     environment: dict[str, Any] | None = None
     sandbox: dict[str, Any] | None = None  # what its Describe says of the artifact sandbox
@@ -250,6 +251,7 @@ class Dispatcher:
         link.device_name = resp.device_name
         link.memory_bytes = int(resp.memory_total_bytes) or None
         link.memory_free_bytes = int(resp.memory_free_bytes) or None
+        link.max_run_groups = int(resp.max_run_groups) or None
         mutants = self.settings.enable_mutants
         link.ops = {
             op.name: [i.name for i in op.impls if mutants or i.kind != "mutant"] for op in resp.ops
@@ -293,7 +295,7 @@ class Dispatcher:
                             continue
                     claims = await asyncio.to_thread(
                         self.store.claim_groups,
-                        self.settings.dispatch_batch,
+                        min(self.settings.dispatch_batch, link.max_run_groups or 64),
                         worker=link.address,
                         owner=self.owner,
                         lease_s=self.settings.lease_s,

@@ -1683,6 +1683,7 @@ class DescribeResponse(_message.Message):
     CASE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     SANDBOX_FIELD_NUMBER: _builtins.int
+    MAX_RUN_GROUPS_FIELD_NUMBER: _builtins.int
     worker_id: _builtins.str
     device: _builtins.str
     """resolved torch device, e.g. cuda:0 or cpu"""
@@ -1693,6 +1694,8 @@ class DescribeResponse(_message.Message):
     case_timeout_s: _builtins.float
     version: _builtins.str
     """kassay version of the worker"""
+    max_run_groups: _builtins.int
+    """groups one Run may carry (0: an older worker, unstated)"""
     @_builtins.property
     def environment(self) -> Global___Environment: ...
     @_builtins.property
@@ -1721,10 +1724,11 @@ class DescribeResponse(_message.Message):
         case_timeout_s: _builtins.float = ...,
         version: _builtins.str = ...,
         sandbox: Global___Sandbox | None = ...,
+        max_run_groups: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ceilings", b"ceilings", "environment", b"environment", "executor", b"executor", "sandbox", b"sandbox"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_timeout_s", b"case_timeout_s", "ceilings", b"ceilings", "device", b"device", "device_name", b"device_name", "environment", b"environment", "executor", b"executor", "memory_free_bytes", b"memory_free_bytes", "memory_total_bytes", b"memory_total_bytes", "ops", b"ops", "sandbox", b"sandbox", "test_impls_enabled", b"test_impls_enabled", "version", b"version", "worker_id", b"worker_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["case_timeout_s", b"case_timeout_s", "ceilings", b"ceilings", "device", b"device", "device_name", b"device_name", "environment", b"environment", "executor", b"executor", "max_run_groups", b"max_run_groups", "memory_free_bytes", b"memory_free_bytes", "memory_total_bytes", b"memory_total_bytes", "ops", b"ops", "sandbox", b"sandbox", "test_impls_enabled", b"test_impls_enabled", "version", b"version", "worker_id", b"worker_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

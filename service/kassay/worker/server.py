@@ -151,6 +151,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             test_impls_enabled=self.config.enable_test_impls,
             case_timeout_s=self.config.case_timeout_s,
             version=__version__,
+            max_run_groups=self.config.max_run_groups,
         )
         env = self.sup.environment
         if env is not None:
