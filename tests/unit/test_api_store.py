@@ -234,3 +234,27 @@ def test_a_cancelled_job_stays_cancelled_while_groups_finish(store):
     assert final.counts["skipped"] > 0
     assert len(store.case_results(job.id)) == 10_000
     assert took < 5.0, f"cancelling 10,000 cases took {took:.1f} s"
+
+
+def test_replicas_starting_together_create_the_tables_once(tmp_path):
+    """Several API processes opening one new database at the same moment: each Store comes up
+    (the one that loses create_all's check-then-create race retries), none raises."""
+    import threading
+
+    url = f"sqlite:///{tmp_path}/shared.db"
+    errors: list[BaseException] = []
+    start = threading.Barrier(6)
+
+    def open_store() -> None:
+        try:
+            start.wait()
+            Store(url).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, errors

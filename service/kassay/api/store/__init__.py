@@ -16,7 +16,10 @@ Every method is synchronous and short; the async dispatcher calls them through a
 
 from __future__ import annotations
 
-from sqlalchemy import select
+import time
+
+from sqlalchemy import Engine, select
+from sqlalchemy.exc import DBAPIError
 
 from kassay.api.store.artifacts import ArtifactRecord, Artifacts
 from kassay.api.store.database import make_engine, sqlite_file
@@ -33,7 +36,7 @@ class Store:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
-        metadata.create_all(self.engine)
+        _create_tables(self.engine)
         self.jobs = Jobs(self.engine, sqlite_file(url))
         self.results = Results(self.engine, self.jobs)
         self.queue = GroupQueue(self.engine, self.jobs, self.results)
@@ -94,3 +97,17 @@ __all__ = [
     "make_engine",
     "new_job_id",
 ]
+
+
+def _create_tables(engine: Engine) -> None:
+    """Create the missing tables. API replicas starting together on one database race here:
+    create_all checks, then creates, so the loser of the race gets "table ... already exists";
+    the tables are then there, and a second pass (which checks again) finds nothing to do."""
+    for attempt in range(5):
+        try:
+            metadata.create_all(engine)
+            return
+        except DBAPIError as exc:
+            if "already exists" not in str(exc).lower() or attempt == 4:
+                raise
+            time.sleep(0.1 * (attempt + 1))
