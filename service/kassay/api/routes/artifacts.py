@@ -13,7 +13,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from kassay.api.auth import require_code, require_read
 from kassay.api.deps import Services, services
-from kassay.api.routes.jobs import _ERRORS, _read_body
+from kassay.api.route_common import ERROR_RESPONSES, read_body
 from kassay.api.schemas import Artifact
 from kassay.artifacts import inspect_artifact, sha256
 
@@ -26,7 +26,7 @@ DigestPath = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="sha256,
     "",
     status_code=201,
     response_model=Artifact,
-    responses=_ERRORS,
+    responses=ERROR_RESPONSES,
     dependencies=[Depends(require_code)],
     openapi_extra={
         "requestBody": {
@@ -56,7 +56,7 @@ async def upload_artifact(
     when the same bytes were uploaded before; 413 past
     KASSAY_MAX_ARTIFACT_BYTES; 422 when it is not a wheel or module kassay can load impls
     from). A job names it in `artifacts`."""
-    data = await _read_body(request, svc.settings.max_artifact_bytes)
+    data = await read_body(request, svc.settings.max_artifact_bytes)
     meta = await run_in_threadpool(inspect_artifact, data, filename)
     digest = sha256(data)
     record, created = await run_in_threadpool(
@@ -78,7 +78,10 @@ def list_artifacts(
 
 
 @router.get(
-    "/{digest}", response_model=Artifact, responses=_ERRORS, dependencies=[Depends(require_read)]
+    "/{digest}",
+    response_model=Artifact,
+    responses=ERROR_RESPONSES,
+    dependencies=[Depends(require_read)],
 )
 def get_artifact(digest: DigestPath, svc: Annotated[Services, Depends(services)]) -> Artifact:
     """One stored artifact's record."""

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Query
 
 from kassay.api.auth import require_read
 from kassay.api.deps import Services, services
-from kassay.api.routes.jobs import _ERRORS, _labels
+from kassay.api.route_common import ERROR_RESPONSES, label_filters
 from kassay.api.schemas import Series, SeriesPoint
 from kassay.validate.results import CaseResult
 
@@ -38,7 +38,10 @@ def _point_values(
 
 
 @router.get(
-    "/v1/series", response_model=Series, responses=_ERRORS, dependencies=[Depends(require_read)]
+    "/v1/series",
+    response_model=Series,
+    responses=ERROR_RESPONSES,
+    dependencies=[Depends(require_read)],
 )
 def series(
     svc: Annotated[Services, Depends(services)],
@@ -58,7 +61,7 @@ def series(
 ) -> Series:
     """The values of one case key's metric over the last `limit` finished jobs with `labels`,
     oldest first, each with its job's labels (commit, branch, ...)."""
-    wanted = _labels(labels)
+    wanted = label_filters(labels)
     points = []
     for row in svc.store.series(key, labels=wanted, limit=limit):
         c: CaseResult = row["result"]

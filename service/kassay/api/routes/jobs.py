@@ -16,10 +16,11 @@ from sse_starlette.sse import EventSourceResponse
 from kassay.api.auth import code_denial, require_read, require_write
 from kassay.api.comparisons import compare, report_with_verdict
 from kassay.api.deps import Services, services
-from kassay.api.schemas import ErrorBody, Job, JobPage
+from kassay.api.route_common import ERROR_RESPONSES, label_filters, read_body
+from kassay.api.schemas import Job, JobPage
 from kassay.api.store import ACTIVE_STATES
 from kassay.api.submit import admit
-from kassay.errors import InvalidSpecError, KassayError, PayloadTooLargeError
+from kassay.errors import InvalidSpecError, KassayError
 from kassay.validate.comparison import Comparison
 
 _COALESCE_S = 0.02  # how long an SSE stream lets results gather after a wake-up
@@ -36,39 +37,13 @@ _ACCEPT = {
     "text/markdown": "markdown",
     "text/html": "html",
 }
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody},
-    403: {"model": ErrorBody},
-    404: {"model": ErrorBody},
-    409: {"model": ErrorBody},
-    413: {"model": ErrorBody},
-    422: {"model": ErrorBody},
-}
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(
-            f"the body is {declared} bytes; the limit is {limit}", details={"limit": limit}
-        )
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(
-                f"the body is over the limit of {limit} bytes", details={"limit": limit}
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @router.post(
     "",
     status_code=201,
     response_model=Job,
-    responses=_ERRORS,
+    responses=ERROR_RESPONSES,
     dependencies=[Depends(require_write)],
     openapi_extra={
         "requestBody": {
@@ -93,7 +68,7 @@ async def create_job(
 ) -> Job:
     """Submit a job spec (JSON or YAML). The same `Idempotency-Key` returns the same job
     (200 instead of 201)."""
-    body = await _read_body(request, svc.settings.max_body_bytes)
+    body = await read_body(request, svc.settings.max_body_bytes)
     try:
         admitted = await run_in_threadpool(
             admit,
@@ -118,27 +93,6 @@ async def create_job(
     return job
 
 
-def _labels(values: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for i, v in enumerate(values):
-        k, sep, val = v.partition("=")
-        if not sep or not k:
-            raise InvalidSpecError(
-                f"label filter {v!r} must be key=value",
-                details={
-                    "errors": [
-                        {
-                            "loc": ["query", "label", i],
-                            "msg": "expected key=value",
-                            "type": "value_error",
-                        }
-                    ]
-                },
-            )
-        out[k] = val
-    return out
-
-
 @router.get("", response_model=JobPage, dependencies=[Depends(require_read)])
 def list_jobs(
     svc: Annotated[Services, Depends(services)],
@@ -151,7 +105,7 @@ def list_jobs(
     """Jobs, newest first, filtered by state, labels and name; paginated by cursor."""
     rows = svc.store.list_jobs(
         state=state,
-        labels=_labels(label),
+        labels=label_filters(label),
         name=name,
         limit=limit + 1,
         before=int(cursor) if cursor else None,
@@ -163,7 +117,7 @@ def list_jobs(
     )
 
 
-@router.get("/{job_id}", response_model=Job, responses=_ERRORS)
+@router.get("/{job_id}", response_model=Job, responses=ERROR_RESPONSES)
 async def get_job(job_id: str, request: Request) -> Response:
     """A job's state and progress counts."""
     # The hottest route (CI polls it), kept lean: no dependency injection, one primary-key
@@ -178,7 +132,7 @@ async def get_job(job_id: str, request: Request) -> Response:
 @router.get(
     "/{job_id}/report",
     responses={
-        **_ERRORS,
+        **ERROR_RESPONSES,
         200: {
             "content": {
                 "application/json": {},
@@ -222,7 +176,7 @@ def get_report(
 @router.get(
     "/{job_id}/compare",
     response_model=Comparison,
-    responses={**_ERRORS, 200: {"content": {"application/json": {}, "text/markdown": {}}}},
+    responses={**ERROR_RESPONSES, 200: {"content": {"application/json": {}, "text/markdown": {}}}},
     dependencies=[Depends(require_read)],
 )
 def compare_job(
@@ -250,7 +204,7 @@ def compare_job(
     from kassay.validate.comparison_report import to_markdown
 
     result = compare(
-        svc.store, job_id, to=to, to_labels=_labels(to_labels) or None, threshold=threshold
+        svc.store, job_id, to=to, to_labels=label_filters(to_labels) or None, threshold=threshold
     )
     if format == "markdown":
         return Response(to_markdown(result), media_type="text/markdown; charset=utf-8")
@@ -259,7 +213,7 @@ def compare_job(
 
 @router.get(
     "/{job_id}/events",
-    responses=_ERRORS,
+    responses=ERROR_RESPONSES,
     dependencies=[Depends(require_read)],
     response_class=EventSourceResponse,
 )
@@ -309,7 +263,10 @@ async def job_events(
 
 
 @router.post(
-    "/{job_id}/cancel", response_model=Job, responses=_ERRORS, dependencies=[Depends(require_write)]
+    "/{job_id}/cancel",
+    response_model=Job,
+    responses=ERROR_RESPONSES,
+    dependencies=[Depends(require_write)],
 )
 async def cancel_job(job_id: str, svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     """Cancel a job: queued groups never run, running ones are stopped, cases without a result
