@@ -76,7 +76,7 @@ def main() -> None:
                 statuses = {c.case_id: c.status for c in report.cases}
                 not_passed = [
                     {
-                        "case": f"{c.op}.{c.impl} {c.label()}",
+                        "case": f"{c.op}.{c.impl} {c.case_id}",
                         "status": c.status,
                         "msg": c.message[:300],
                     }

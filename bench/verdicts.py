@@ -160,6 +160,8 @@ def wall(spec_path: str, device: str) -> dict[str, Any]:
 
 
 def main() -> None:
+    # as the worker's executors run (kassay.worker.executor_process): before CUDA starts
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--spec", action="append", default=[], help="false-failure specs")

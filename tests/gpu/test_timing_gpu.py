@@ -136,3 +136,33 @@ def test_gpu_state_is_sampled() -> None:
     t = time_call(lambda: a @ a, DEV, TimingPolicy(min_reps=20, budget_s=0.5))
     assert t.sm_clock_mhz is not None and t.sm_clock_mhz > 100
     assert t.power_w is not None and t.power_w > 10
+
+
+def test_timing_many_cases_leaves_no_memory_behind() -> None:
+    """Each case's tensors are freed when it ends: timing it (CUDA-graph captures included) must
+    not leave memory the caching allocator cannot give back. Before the fix an executor's
+    reserved memory grew by GiBs a group over a CI grid, until groups ran out of memory."""
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    policy = TimingPolicy(warmup=1, min_reps=3, max_reps=20, budget_s=0.2)
+
+    def case(n: int) -> None:
+        a = torch.randn(n, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+
+        def fwd_bwd() -> None:
+            (a @ w).float().square().mean().backward()
+
+        time_call(fwd_bwd, DEV, policy)
+
+    case(8192)  # first use: workspaces, flush buffer, capture stream
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    for n in (16384, 32768, 8192, 65536, 16384, 32768):
+        case(n)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    grown = torch.cuda.memory_reserved() - base
+    assert grown < 256 << 20, f"{grown / 2**20:.0f} MiB still reserved after the cases ended"

@@ -175,3 +175,18 @@ def test_float32_sums_in_two_orders_sit_within_the_floor() -> None:
     e_split = float((torch.as_tensor(split).double() - ref).norm() / ref.norm())
     assert e_seq <= 3 * accumulation_rel(k)
     assert e_split <= 3 * accumulation_rel(k)
+
+
+def test_run_to_run_compares_in_slices_and_finds_the_worst_in_any(monkeypatch):
+    """Large outputs are compared slice by slice (bounded float64 copies); the worst difference
+    and the count hold across slices, and a NaN against a number in a late slice is infinite."""
+    from kassay.validate import verdicts
+
+    monkeypatch.setattr(verdicts, "_SLICE", 7)
+    a = torch.zeros(5, 6)
+    b = a.clone()
+    b[0, 1], b[4, 5] = 1e-3, -2e-3
+    r = verdicts.run_to_run(a, b)
+    assert (r.identical, r.max_abs, r.n_diff) == (False, pytest.approx(2e-3), 2)
+    b[4, 4] = float("nan")
+    assert verdicts.run_to_run(a, b).max_abs == float("inf")

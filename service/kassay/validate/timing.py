@@ -40,6 +40,11 @@ from kassay.validate.results import TimingStats
 from kassay.validate.spec import TimingPolicy
 
 _flush_buffers: dict[torch.device, torch.Tensor] = {}
+#: one side stream per device for every capture: libraries keep per-stream state for the life of
+#: the process (cuBLAS a workspace per handle and stream), so a fresh stream per capture left a
+#: workspace behind each time, each pinning a segment of the caching allocator (an executor's
+#: reserved memory grew to 133 GiB over a CI grid on the H200 and the next groups ran out)
+_capture_streams: dict[torch.device, torch.cuda.Stream] = {}
 
 #: the target length of one batch of enqueued repetitions (the host syncs once per batch)
 _BATCH_S = 0.05
@@ -143,7 +148,9 @@ def _capture(
 ) -> tuple[Any | None, str | None]:
     """A CUDA graph of `reps` calls (each after the flush, when given), or (None, why not).
     The call has run (warm-up) before, so its kernels are compiled and its pools exist."""
-    stream = torch.cuda.Stream(device)
+    stream = _capture_streams.get(device)
+    if stream is None:
+        stream = _capture_streams[device] = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     graph = torch.cuda.CUDAGraph()
     try:

@@ -16,8 +16,10 @@ worker's Describe reports which ones hold, `Sandbox`):
   character devices a GPU process needs); TCP connect/bind refused (ABI 4+); no signals to, and
   no abstract-socket connections with, processes outside the sandbox (ABI 6+); ptrace and
   /proc/PID/environ of the worker refused;
-- as root: new network and PID namespaces (no network at all but a loopback that is down;
-  every process the code starts dies with the executor), and the code runs as an unprivileged
+- as root: a new network namespace (no network at all but a loopback that is down) and, for a
+  CPU executor, a new PID namespace (every process the code starts dies with the executor; CUDA
+  does not initialise in a new PID namespace: error 304 on the H200, so a GPU executor keeps the
+  host's PID namespace and its process group), and the code runs as an unprivileged
   user (`sandbox_uid`, default nobody) keeping only CAP_DAC_READ_SEARCH, so that it can read
   the worker's Python wherever it is installed while the process limit applies to it and the
   worker's processes are out of its reach.
@@ -117,7 +119,9 @@ class SandboxConfig:
     data_bytes: int = 0  # 0: no limit
     fsize_bytes: int = 4 << 30
     uid: int = 65534  # used only when the worker is root
-    namespaces: bool = True  # new network + PID namespaces (root only)
+    namespaces: bool = True  # a new network namespace (root only)
+    #: and a new PID namespace too (off for a GPU executor: CUDA fails with error 304 in one)
+    pid_namespace: bool = True
     landlock: bool = True
 
     def to_json(self) -> str:
@@ -155,7 +159,13 @@ class Capabilities:
             notes.append("writes are NOT confined (no Landlock): only file permissions apply")
         elif ll < 6:
             notes.append("Landlock ABI < 6: signals to the worker's other processes are allowed")
-        if not ns:
+        pid_ns = ns and config.pid_namespace
+        if ns and not config.pid_namespace:
+            notes.append(
+                "no PID namespace for a GPU executor (CUDA does not initialise in one): a "
+                "process that leaves the executor's process group can outlive it"
+            )
+        elif not ns:
             notes.append(
                 "no PID namespace: a process that leaves the executor's process group can "
                 "outlive it"
@@ -168,7 +178,7 @@ class Capabilities:
         return {
             "network": network,
             "filesystem": "landlock" if ll >= 1 else "none",
-            "processes": "pid-namespace" if ns else "process-group",
+            "processes": "pid-namespace" if pid_ns else "process-group",
             "user": (
                 f"uid {config.uid} (keeps CAP_DAC_READ_SEARCH only)"
                 if self.root
@@ -453,21 +463,23 @@ def launch(cfg: SandboxConfig, argv: list[str]) -> int:
     root = os.geteuid() == 0
     abi = landlock_abi() if cfg.landlock else 0
     if root and cfg.namespaces:
+        flags = _CLONE_NEWNET | (_CLONE_NEWPID if cfg.pid_namespace else 0)
         try:
-            _check(_libc().unshare(_CLONE_NEWNET | _CLONE_NEWPID), "unshare")
+            _check(_libc().unshare(flags), "unshare")
         except OSError as exc:
             print(f"kassay sandbox: no namespaces ({exc}); going on without", file=sys.stderr)
         else:
-            child = os.fork()
-            if child == 0:
-                os._exit(_init(cfg, argv, abi))
-            _to_devnull((0, 1))
-            _, status = os.waitpid(child, 0)
-            code = _status_code(status)
-            if 128 < code < 128 + 65:  # the executor died of a signal: die of it too
-                signal.signal(code - 128, signal.SIG_DFL)
-                os.kill(os.getpid(), code - 128)
-            return code
+            if cfg.pid_namespace:  # the namespace takes effect for children: fork its init
+                child = os.fork()
+                if child == 0:
+                    os._exit(_init(cfg, argv, abi))
+                _to_devnull((0, 1))
+                _, status = os.waitpid(child, 0)
+                code = _status_code(status)
+                if 128 < code < 128 + 65:  # the executor died of a signal: die of it too
+                    signal.signal(code - 128, signal.SIG_DFL)
+                    os.kill(os.getpid(), code - 128)
+                return code
     _exec_confined(cfg, argv, root=root, abi=abi)
     return 126  # pragma: no cover - execve does not return
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -76,6 +77,9 @@ class Supervisor:
         #: where artifacts are kept (None: this worker runs no artifacts) and how they run
         self.artifacts = artifacts
         self.sandbox_config = sandbox_config or SandboxConfig(workdir="")
+        if device.startswith("cuda"):
+            # CUDA does not initialise in a new PID namespace (error 304, seen on the H200)
+            self.sandbox_config = dataclasses.replace(self.sandbox_config, pid_namespace=False)
         self.sandbox_caps: Capabilities | None = None
         self.state = State.STARTING
         self.info: dict[str, Any] = {}
