@@ -81,10 +81,16 @@ class FlceOp(Op):
 
     def outputs(self, params: FlceParams) -> list[OutputSpec]:
         p = params
-        # reductions: the loss sums N rows of V-long log-sum-exps; grad_input = dlogits @ W is
-        # V long; grad_weight = dlogits^T @ x and grad_bias sum over the N rows.
+        # reductions: the float32 roundings an element passes through, stage after stage, since
+        # independent errors add in variance (validate/verdicts.py): the logits are H-long dot
+        # products, each row's log-sum-exp (and so the softmax in dlogits) sums V terms, then
+        # the loss sums the N rows, grad_input = dlogits @ W sums V terms, and grad_weight =
+        # dlogits^T @ x and grad_bias sum the N rows. Counting the last stage only made two
+        # correct float32 impls differ by more than the floor allows (torch.compile against
+        # eager: 17 of 35 smoke cases failed on the CPU).
         # The logits are rounded to the compute dtype (the autocast dtype under AMP) first.
-        loss_len = max(p.N, p.V)
+        upstream = p.H + p.V
+        loss_len = upstream + (p.N if p.reduction != "none" else 0)
         c = p.autocast if p.autocast != "none" else p.dtype
         outs = [OutputSpec("loss", "float32", reduction=loss_len, precision_name=c)]
         if p.return_z_loss:
@@ -92,7 +98,11 @@ class FlceOp(Op):
         for name, n in (("grad_input", p.V), ("grad_weight", p.N)) + (
             (("grad_bias", p.N),) if p.bias else ()
         ):
-            outs.append(OutputSpec(name, p.dtype, strict_dtype=True, reduction=n, precision_name=c))
+            outs.append(
+                OutputSpec(
+                    name, p.dtype, strict_dtype=True, reduction=upstream + n, precision_name=c
+                )
+            )
         return outs
 
     def flops(self, params: FlceParams) -> float:
