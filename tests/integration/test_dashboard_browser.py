@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 WRITE, READ = "dash-write", "dash-read"
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+COUNTS = ("passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped", "pending")
 TIMING = {"warmup": 1, "min_reps": 2, "max_reps": 3, "budget_s": 0.2}
 
 
@@ -262,11 +263,7 @@ def test_jobs_page_counts_add_up_and_filter_by_label(
     assert rows.count() >= 2
     for i in range(rows.count()):
         row = rows.nth(i)
-        counts = [
-            int(row.locator(f"td[data-count='{k}']").inner_text())
-            for k in ("passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped")
-            + ("pending",)
-        ]
+        counts = [int(row.locator(f"td[data-count='{k}']").inner_text()) for k in COUNTS]
         assert sum(counts) == int(row.get_attribute("data-job-total"))
     page.fill("input[name=label]", "commit=aaa1111")
     page.click("form.filters button")

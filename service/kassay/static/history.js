@@ -47,7 +47,8 @@
             return [p.job_id + " " + p.status + ": " + Number(ctx.parsed.y).toPrecision(4)].concat((bad(p) ? p.reasons : []));
           } } } },
         scales: { x: { type: "category", labels: labels, title: { display: true, text: "commit / job (oldest first)" } },
-          y: { type: yType } }
+          y: { type: yType, ticks: yType === "logarithmic" ? { callback: function (v) {
+            var e = Math.log10(v); return Math.abs(e - Math.round(e)) < 1e-9 ? "1e" + Math.round(e) : ""; } } : {} } }
       }
     });
     window.kassayCharts.push({ plot: metric, chart: chart });

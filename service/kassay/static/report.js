@@ -32,13 +32,14 @@
     return (ctx.dataset.label || "") + ": " + Number(ctx.parsed.y).toPrecision(4) +
       (r.label ? " (" + r.label + ")" : "");
   }
+  function logTick(v) { var e = Math.log10(v); return Math.abs(e - Math.round(e)) < 1e-9 ? "1e" + Math.round(e) : ""; }
   function options(xTitle, yTitle, yType, title) {
     return {
       animation: false, responsive: true, maintainAspectRatio: false,
       plugins: { title: { display: true, text: title }, tooltip: { callbacks: { label: tooltip } },
         legend: { labels: { boxWidth: 12 } } },
       scales: { x: { type: "category", title: { display: true, text: xTitle } },
-        y: { type: yType, title: { display: true, text: yTitle } } }
+        y: { type: yType, title: { display: true, text: yTitle }, ticks: yType === "logarithmic" ? { callback: logTick } : {} } }
     };
   }
   function scatter(canvas, labels, datasets, opts) {
