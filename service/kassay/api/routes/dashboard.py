@@ -143,7 +143,8 @@ def jobs_page(
         f"<td>{len(w.running)}</td></tr>"
         for w in workers
     )
-    heads = "".join(f"<th>{k}</th>" for k in (*COUNTED, "pending"))
+    short = {"unsupported": "unsup.", "timeout": "t/o", "crashed": "crash", "pending": "pend."}
+    heads = "".join(f"<th title='{k}'>{short.get(k, k)}</th>" for k in (*COUNTED, "pending"))
     body = f"""<h1>Jobs</h1>
 <form class='filters' method='get' action='/'>
 <label>state<select name='state'><option value=''>any</option>{options}</select></label>
