@@ -330,6 +330,7 @@ def test_live_progress_without_reload(
     page.wait_for_function(
         "s => document.querySelector('[data-done]').textContent !== s", arg=start, timeout=60_000
     )
+    page.wait_for_selector("tbody.case", timeout=30_000)  # the cases re-read while it runs
     _shot(page, "job-running")
     page.wait_for_function(
         f"document.querySelector('[data-done]').textContent === '{total}/{total}'",
