@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
 
-.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean
+.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,7 +28,14 @@ typecheck: venv
 check-protos: venv
 	$(BIN)/python -m kassay.worker.protogen --check
 
-test: venv lint typecheck check-protos
+# Headless Chromium for the dashboard's browser tests: Debian's package (Playwright drives it;
+# never `playwright install`). Where it cannot be installed the tests skip and say why.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } \
+	  || echo "chromium could not be installed: the dashboard's browser tests will skip"
+
+test: venv lint typecheck check-protos browser
 	$(BIN)/python -m pytest -q -ra -m "not gpu" tests
 
 unit: venv

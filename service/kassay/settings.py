@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     api_tokens: CommaList = Field(default_factory=list, description="tokens allowed to write")
     read_tokens: CommaList = Field(default_factory=list, description="read-only tokens")
     open_reads: bool = Field(True, description="reads need no token even when tokens are set")
+    session_hours: float = Field(
+        12.0,
+        gt=0,
+        le=24 * 30,
+        description="how long a browser stays signed in (/login: a cookie that grants reads)",
+    )
     max_body_bytes: int = Field(1_000_000, gt=0)
     lease_s: float = Field(
         10.0,

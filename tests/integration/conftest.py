@@ -230,8 +230,16 @@ class Procs:
     def wait_ready(self, api: Proc, *procs: Proc, workers_up: int = 1) -> None:
         wait_ready(api, *procs, workers_up=workers_up)
 
-    def serve(self, *, port: int, name: str = "serve") -> Proc:
-        """`kassay serve` (API + its own CPU worker) over a database in this test's folder."""
+    def serve(
+        self,
+        *,
+        port: int,
+        name: str = "serve",
+        env: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+    ) -> Proc:
+        """`kassay serve` (API + its own CPU worker) over a database in this test's folder;
+        `env` adds environment (KASSAY_* settings), `args` command-line options."""
         proc = Proc(
             name,
             [
@@ -242,9 +250,10 @@ class Procs:
                 "cpu",
                 "--data-dir",
                 str(self.tmp / f"{name}-data"),
+                *args,
             ],
             self.tmp / f"{name}.log",
-            _env({"KASSAY_WORKER_POLL_S": "0.5"}),
+            _env({"KASSAY_WORKER_POLL_S": "0.5", **(env or {})}),
         )
         proc.extra["url"] = f"http://127.0.0.1:{port}"
         return proc.start()

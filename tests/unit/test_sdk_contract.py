@@ -126,8 +126,15 @@ def openapi(tmp_path_factory: pytest.TempPathFactory) -> Schema:
 
 def _json_body(openapi: Schema, method: str, path: str) -> Schema:
     responses = openapi["paths"][path][method]["responses"]
-    (ok,) = [r for code, r in responses.items() if code.startswith("2")]
-    return ok["content"]["application/json"]["schema"]
+    # every success status (POST /v1/jobs: 201 created, 200 the same Idempotency-Key) has one
+    # body schema
+    bodies = [
+        r["content"]["application/json"]["schema"]
+        for code, r in responses.items()
+        if code.startswith("2")
+    ]
+    assert bodies and all(b == bodies[0] for b in bodies), bodies
+    return bodies[0]
 
 
 #: (method, path) of each JSON body the SDK parses, and the SDK type it parses it as

@@ -57,7 +57,7 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
 def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
     """Build the API. `dispatch=False` leaves the dispatcher idle (tests of the routes alone)."""
     from kassay.api.dispatcher import Dispatcher
-    from kassay.api.routes import artifacts, dashboard, history, jobs, system
+    from kassay.api.routes import artifacts, dashboard, history, jobs, system, web
 
     settings = settings or get_settings()
     metrics = ApiMetrics()
@@ -108,6 +108,7 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     app.include_router(system.router)
     app.include_router(history.router)
     app.include_router(dashboard.router)
+    app.include_router(web.router)
     _publish_spec_schema(app)
     _docs_routes(app)
     return app
@@ -132,12 +133,19 @@ def _docs_routes(app: FastAPI) -> None:
     async def openapi_json() -> JSONResponse:
         return JSONResponse(app.openapi())
 
+    # Swagger UI and ReDoc load their files from this server (fastapi-offline's copies): the
+    # docs work on a machine with no internet.
     @app.get("/docs", include_in_schema=False, dependencies=locked)
     async def swagger_ui() -> HTMLResponse:
         return get_swagger_ui_html(
             openapi_url="/openapi.json",
             title=f"{app.title} - Swagger UI",
             oauth2_redirect_url="/docs/oauth2-redirect",
+            swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+            swagger_css_url="/docs-assets/swagger-ui.css",
+            swagger_favicon_url="/docs-assets/favicon.png",
+            # no spec validator badge: it would send the schema's URL to swagger.io
+            swagger_ui_parameters={"validatorUrl": None},
         )
 
     @app.get("/docs/oauth2-redirect", include_in_schema=False, dependencies=locked)
@@ -146,15 +154,23 @@ def _docs_routes(app: FastAPI) -> None:
 
     @app.get("/redoc", include_in_schema=False, dependencies=locked)
     async def redoc() -> HTMLResponse:
-        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
+        return get_redoc_html(
+            openapi_url="/openapi.json",
+            title=f"{app.title} - ReDoc",
+            redoc_js_url="/docs-assets/redoc.standalone.js",
+            redoc_favicon_url="/docs-assets/favicon.png",
+            with_google_fonts=False,
+        )
 
 
 def _publish_spec_schema(app: FastAPI) -> None:
-    """Put the job-spec model into the OpenAPI components: POST /v1/jobs reads its body itself
-    (JSON or YAML), so FastAPI cannot infer the schema the route's requestBody refers to."""
+    """Complete the OpenAPI schema: the job-spec model (POST /v1/jobs reads its body itself,
+    JSON or YAML, so FastAPI cannot infer it) and the JSON report (GET .../report renders
+    several formats), each with an example; the bearer scheme (and the browser's session
+    cookie, which only reads) on every operation."""
     from fastapi.openapi.utils import get_openapi
 
-    from kassay.validate.spec import JobSpec
+    from kassay.api.openapi_extras import complete
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -164,11 +180,7 @@ def _publish_spec_schema(app: FastAPI) -> None:
                 description=app.description,
                 routes=app.routes,
             )
-            spec = JobSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            components.update(spec.pop("$defs", {}))
-            components["JobSpec"] = spec
-            app.openapi_schema = schema
+            app.openapi_schema = complete(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

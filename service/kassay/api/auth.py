@@ -7,12 +7,20 @@ Code (uploading artifacts, submitting a job that names them) is a separate scope
 allowed only where `allow_code` is set (`kassay serve` on one machine), to whoever may write.
 A code token may also do everything a write token does.
 
+A browser cannot send a bearer header (a link, an EventSource), so a token may also sign a
+browser in (POST /login): the session cookie it gets grants reads only, whatever the token's
+scope (a cookie rides along with cross-site requests; writes keep needing the header, so a
+forged form cannot submit or cancel). The cookie holds an expiry and an HMAC of it keyed by the
+token, never the token: it stops working when the token is removed from the settings.
+
 The dependencies are `async def` on purpose: FastAPI runs plain `def` dependencies in a thread,
 a hop that costs more than the check itself."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import time
 
 from fastapi import Request
 
@@ -56,16 +64,69 @@ async def require_write(request: Request) -> None:
     raise AuthError("unknown token")
 
 
-async def require_read(request: Request) -> None:
-    """FastAPI dependency of every read route."""
+SESSION_COOKIE = "kassay_session"
+
+
+def _all_tokens(s: Settings) -> list[str]:
+    return [*s.api_tokens, *s.read_tokens, *s.code_tokens]
+
+
+def _session_mac(token: str, expires: int) -> str:
+    return hmac.new(
+        token.encode(), f"kassay-session:{expires}".encode(), hashlib.sha256
+    ).hexdigest()
+
+
+def reads_locked(s: Settings) -> bool:
+    """Whether reads need a token (or a signed-in browser)."""
+    return not s.open_reads and bool(s.api_tokens or s.read_tokens)
+
+
+def known_token(s: Settings, token: str) -> bool:
+    return any(_known(token, t) for t in (s.api_tokens, s.read_tokens, s.code_tokens))
+
+
+def session_cookie(s: Settings, token: str, now: float | None = None) -> tuple[str, int]:
+    """(the cookie value that signs a browser in with `token`, its lifetime in seconds)."""
+    max_age = int(s.session_hours * 3600)
+    expires = int(now if now is not None else time.time()) + max_age
+    return f"{expires}.{_session_mac(token, expires)}", max_age
+
+
+def valid_session(s: Settings, value: str | None, now: float | None = None) -> bool:
+    """Whether a session cookie is unexpired and made with a token the settings still hold."""
+    if not value:
+        return False
+    expires_text, _, mac = value.partition(".")
+    if not expires_text.isdigit() or len(expires_text) > 12 or len(mac) != 64:
+        return False
+    expires = int(expires_text)
+    if expires < (now if now is not None else time.time()):
+        return False
+    return any(
+        hmac.compare_digest(mac.encode(), _session_mac(t, expires).encode()) for t in _all_tokens(s)
+    )
+
+
+def may_read(request: Request) -> bool:
+    """Whether the request may read: open reads, a known bearer token or a signed-in browser.
+    Raises AuthError for a malformed Authorization header."""
     s = _settings(request)
-    if s.open_reads or (not s.api_tokens and not s.read_tokens):
-        return
+    if not reads_locked(s):
+        return True
     token = _token(request)
-    if token is None:
-        raise AuthError("this call needs 'Authorization: Bearer <token>'")
-    if not any(_known(token, t) for t in (s.api_tokens, s.read_tokens, s.code_tokens)):
-        raise AuthError("unknown token")
+    if token is not None:
+        return known_token(s, token)
+    return valid_session(s, request.cookies.get(SESSION_COOKIE))
+
+
+async def require_read(request: Request) -> None:
+    """FastAPI dependency of every read route: a bearer token, or a browser's session cookie."""
+    if may_read(request):
+        return
+    if _token(request) is None:
+        raise AuthError("this call needs 'Authorization: Bearer <token>' (or sign in at /login)")
+    raise AuthError("unknown token")
 
 
 def code_denial(request: Request) -> KassayError | None:

@@ -3,7 +3,6 @@ summary) or a standalone HTML page."""
 
 from __future__ import annotations
 
-import html
 import json
 import re
 import xml.etree.ElementTree as ET
@@ -61,15 +60,18 @@ def checks_line(s: Summary) -> str:
 
 
 def worst_output(c: CaseResult) -> str:
-    """One line naming the output furthest beyond its tolerance (or the largest rel_l2)."""
+    """One line naming the output furthest beyond its tolerance (or the largest rel_l2), with
+    the limit it broke (max_abs or rel_l2: whichever failed)."""
+    from kassay.validate.html_report import failed_limits
+
     failing = [o for o in c.outputs if not o.passed] or c.outputs
     if not failing:
         return c.message
     o = max(failing, key=lambda o: o.rel_l2 if o.rel_l2 == o.rel_l2 else float("inf"))
-    thr = f" (limit {o.threshold_rel_l2:.3g})" if o.threshold_rel_l2 is not None else ""
+    broke = f" (failed: {'; '.join(failed_limits(o))})" if not o.passed else ""
     return (
-        f"{o.name}: rel_l2={o.rel_l2:.3g}{thr} max_abs={o.max_abs:.3g} "
-        f"max_ulp={o.max_ulp:.0f} nan={o.nan} inf={o.inf}"
+        f"{o.name}: rel_l2={o.rel_l2:.3g} max_abs={o.max_abs:.3g} "
+        f"max_ulp={o.max_ulp:.0f} nan={o.nan} inf={o.inf}{broke}"
     )
 
 
@@ -293,32 +295,10 @@ def reference_cache_note(report: Report) -> str:
     return f", float64 references reused for {hits} of {len(seen)} input groups"
 
 
-def _html_table(report: Report) -> str:
-    rows = []
-    for c in report.cases:
-        color = {"passed": "#e6ffed", "failed": "#ffeef0"}.get(c.status, "#fff5b1")
-        rows.append(
-            f"<tr style='background:{color}'><td>{html.escape(c.op)}.{html.escape(c.impl)}</td>"
-            f"<td>{html.escape(c.label())}</td><td>{html.escape(status_text(c))}</td>"
-            f"<td>{html.escape(worst_output(c) if c.outputs else c.message)}</td>"
-            f"<td>{fmt_device_ms(c)}</td><td>{fmt_host_ms(c)}</td></tr>"
-        )
-    return (
-        "<table><tr><th>op.impl</th><th>case</th><th>status</th><th>worst output</th>"
-        "<th>device ms</th><th>host overhead ms</th></tr>" + "".join(rows) + "</table>"
-    )
-
-
 def to_html(report: Report) -> str:
-    s = report.summary
-    title = html.escape(f"kassay: {report.name}")
-    return (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
-        "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:4px 8px;font-size:13px}</style></head><body>"
-        f"<h1>{title}</h1><p>{s.total} cases: {s.passed} passed, {s.failed} failed, "
-        f"{s.error} error, {s.crashed} crashed, {s.timeout} timeout, "
-        f"{s.unsupported} unsupported</p>"
-        + (f"<p>Checks: {html.escape(checks_line(s))}</p>" if checks_line(s) else "")
-        + f"{_html_table(report)}</body></html>"
-    )
+    """A standalone page with the job page's per-case content and plots; its style and scripts
+    (Chart.js included) are inlined, so it opens with no network."""
+    from kassay.static import CHART_JS, asset
+    from kassay.validate.html_report import standalone
+
+    return standalone(report, asset("kassay.css"), [asset(CHART_JS), asset("report.js")])

@@ -43,7 +43,13 @@ _ACCEPT = {
     "",
     status_code=201,
     response_model=Job,
-    responses=ERROR_RESPONSES,
+    responses={
+        **ERROR_RESPONSES,
+        200: {
+            "model": Job,
+            "description": "the job an earlier request with the same Idempotency-Key created",
+        },
+    },
     dependencies=[Depends(require_write)],
     openapi_extra={
         "requestBody": {

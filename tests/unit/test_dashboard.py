@@ -1,0 +1,185 @@
+"""The dashboard's server side in-process: the limit a failed output broke, the params a case
+table shows, browser sign-in (a cookie that grants reads only), the offline docs and HTML
+report, and the typed OpenAPI schema with its examples."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from kassay.api.app import create_app
+from kassay.api.auth import SESSION_COOKIE, session_cookie, valid_session
+from kassay.api.openapi_extras import JOB_SPEC_EXAMPLE, report_example
+from kassay.settings import Settings
+from kassay.validate.html_report import failed_limits, varying
+from kassay.validate.reports import to_html, worst_output
+from kassay.validate.results import CaseResult, OutputMetrics, Report, Summary
+from kassay.validate.spec import JobSpec
+
+READ, WRITE = "read-token-1", "write-token-1"
+
+
+def _output(**kw: object) -> OutputMetrics:
+    base: dict[str, object] = {
+        "name": "grad_input",
+        "dtype": "float32",
+        "expected_dtype": "float32",
+        "shape": [4, 4],
+        "max_abs": 1e-6,
+        "max_rel": 1e-6,
+        "rel_l2": 1e-7,
+        "max_ulp": 1,
+        "nan": 0,
+        "inf": 0,
+        "ref_nan": 0,
+        "ref_inf": 0,
+        "threshold_max_abs": 1e-5,
+        "threshold_rel_l2": 1e-6,
+    }
+    return OutputMetrics.model_validate({**base, **kw})
+
+
+def _case(i: int, params: dict[str, object], outputs: list[OutputMetrics]) -> CaseResult:
+    status = "passed" if all(o.passed for o in outputs) else "failed"
+    return CaseResult(
+        case_id=f"c{i}",
+        group_id=f"g{i}",
+        op="flce",
+        impl="torch",
+        params=params,
+        regime="normal",
+        seed=0,
+        dtype="float32",
+        status=status,
+        outputs=outputs,
+    )
+
+
+def test_a_failed_row_names_the_limit_that_failed() -> None:
+    only_abs = _output(max_abs=3e-4, passed=False, reason="max_abs 0.0003 > 1e-05")
+    assert failed_limits(only_abs) == ["max_abs 0.0003 > limit 1e-05"]
+    only_rel = _output(rel_l2=5e-6, passed=False)
+    assert failed_limits(only_rel) == ["rel_l2 5e-06 > limit 1e-06"]
+    both = _output(max_abs=3e-4, rel_l2=float("nan"), passed=False)
+    assert [x.split()[0] for x in failed_limits(both)] == ["max_abs", "rel_l2"]
+    # no metric limit broken (NaN where the reference is finite, absolute policy): the reason
+    nonfinite = _output(passed=False, reason="2 NaN/Inf element(s) where the reference is finite")
+    assert failed_limits(nonfinite) == [nonfinite.reason]
+    assert failed_limits(_output()) == []
+    # the report's one-line summary shows the limit that failed, not the rel-L2 limit
+    line = worst_output(_case(0, {"N": 4}, [only_abs]))
+    assert "failed: max_abs" in line and "limit 1e-06" not in line
+
+
+def test_the_case_table_shows_only_the_params_that_vary() -> None:
+    cases = [
+        _case(0, {"N": 16, "H": 32, "V": 64, "bias": False}, [_output()]),
+        _case(1, {"N": 16, "H": 32, "V": 96, "bias": False}, [_output()]),
+        _case(2, {"N": 16, "H": 32, "V": 96, "bias": True}, [_output()]),
+    ]
+    vary, fixed = varying(cases)
+    assert vary == ["V", "bias"]
+    assert fixed == {"N": 16, "H": 32, "dtype": "float32", "regime": "normal", "seed": 0}
+
+
+def _client(tmp_path: Path, **kw: object) -> TestClient:
+    settings = Settings(database_url=f"sqlite:///{tmp_path}/k.db", **kw)  # type: ignore[arg-type]
+    return TestClient(create_app(settings, dispatch=False))
+
+
+def test_a_token_signs_a_browser_in_for_reads_only(tmp_path: Path) -> None:
+    with _client(tmp_path, api_tokens=[WRITE], read_tokens=[READ], open_reads=False) as c:
+        page = c.get("/", follow_redirects=False)
+        assert page.status_code == 303 and page.headers["location"] == "/login?next=%2F"
+        assert c.get("/v1/jobs").status_code == 401
+        bad = c.post("/login", data={"token": "nope"}, follow_redirects=False)
+        assert bad.status_code == 401 and SESSION_COOKIE not in bad.cookies
+        ok = c.post("/login", data={"token": READ, "next": "/history"}, follow_redirects=False)
+        assert ok.status_code == 303 and ok.headers["location"] == "/history"
+        cookie = ok.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "samesite=lax" in cookie.lower()
+        assert READ not in cookie  # the token itself is never stored in the browser
+        assert c.get("/v1/jobs").status_code == 200
+        assert c.get("/", follow_redirects=False).status_code == 200
+        assert c.get("/history").status_code == 200
+        assert c.get("/docs").status_code == 200
+        # a session reads; writing still needs the bearer header (no forged form submits)
+        assert c.post("/v1/jobs", json=JOB_SPEC_EXAMPLE).status_code == 401
+        c.post("/logout")
+        assert c.get("/v1/jobs").status_code == 401
+        # only a path on this server as the target (no open redirect)
+        away = c.post("/login", data={"token": WRITE, "next": "//evil.example/"})
+        assert away.url.path == "/"
+
+
+def test_a_session_ends_with_its_time_or_its_token() -> None:
+    s = Settings(api_tokens=[WRITE], read_tokens=[READ], open_reads=False, session_hours=1)
+    value, max_age = session_cookie(s, READ, now=1_000_000)
+    assert max_age == 3600
+    assert valid_session(s, value, now=1_000_000 + 3599)
+    assert not valid_session(s, value, now=1_000_000 + 3601)
+    revoked = Settings(api_tokens=[WRITE], read_tokens=["another"], open_reads=False)
+    assert not valid_session(revoked, value, now=1_000_000)
+    expires, _, mac = value.partition(".")
+    forged = f"{int(expires) + 10**6}.{mac}"
+    assert not valid_session(s, forged, now=1_000_000)
+    for junk in ("", "x", "1.2", f"{expires}.{'0' * 64}"):
+        assert not valid_session(s, junk, now=1_000_000)
+
+
+def test_docs_load_their_assets_from_this_server(tmp_path: Path) -> None:
+    with _client(tmp_path) as c:
+        for path in ("/docs", "/redoc"):
+            text = c.get(path).text
+            urls = re.findall(r"""(?:src|href)=["']([^"']+)""", text)
+            assert urls and all(u.startswith("/") for u in urls), urls
+            for u in urls:
+                if u.startswith("/docs-assets/"):
+                    assert c.get(u).status_code == 200, u
+        redoc = c.get("/docs-assets/redoc.standalone.js").text
+        assert "cdn.redoc.ly" not in redoc
+        assert c.get("/docs-assets/nothing.js").status_code == 404
+        assert c.get("/static/chart-3.9.1.LICENSE.txt").text.count("Chart.js Contributors")
+        assert c.get("/static/../settings.py").status_code == 404
+
+
+def test_openapi_types_the_spec_and_the_report_with_examples(tmp_path: Path) -> None:
+    with _client(tmp_path) as c:
+        schema = c.get("/openapi.json").json()
+    post = schema["paths"]["/v1/jobs"]["post"]
+    body = post["requestBody"]["content"]["application/json"]
+    assert body["schema"] == {"$ref": "#/components/schemas/JobSpec"}
+    JobSpec.model_validate(body["example"])
+    report = schema["paths"]["/v1/jobs/{job_id}/report"]["get"]["responses"]["200"]["content"]
+    assert report["application/json"]["schema"] == {"$ref": "#/components/schemas/Report"}
+    Report.model_validate(report["application/json"]["example"])
+    assert "Report" in schema["components"]["schemas"]
+    assert schema["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert post["security"] == [{"bearer": []}]
+    assert {"bearer": []} in schema["paths"]["/v1/jobs"]["get"]["security"]
+
+
+def test_the_html_report_is_standalone() -> None:
+    example = Report.model_validate(report_example())
+    bad = _case(1, {"N": 4}, [_output(max_abs=3e-4, passed=False)])
+    report = Report(
+        name="x<script>",
+        summary=Summary.of([*example.cases, bad]),
+        cases=[*example.cases, bad],
+        environments=example.environments,
+    )
+    text = to_html(report)
+    assert "x<script>" not in text  # sender text escaped
+    assert not re.search(r"""(?:src|href)=["']?https?:""", text)
+    assert "Chart.js v3.9.1" in text and "class='plot-data'" in text
+    assert "failed limit max_abs" in text
+
+
+@pytest.mark.parametrize("name", ["kassay.css", "report.js", "live.js", "history.js"])
+def test_static_files_are_served(tmp_path: Path, name: str) -> None:
+    with _client(tmp_path) as c:
+        r = c.get(f"/static/{name}")
+        assert r.status_code == 200 and len(r.text) > 100
