@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
 
-.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean
+.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean postgres
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,13 +28,24 @@ typecheck: venv
 check-protos: venv
 	$(BIN)/python -m kassay.worker.protogen --check
 
-test: venv lint typecheck check-protos
+test: venv postgres lint typecheck check-protos
 	$(BIN)/python -m pytest -q -ra -m "not gpu" tests
 
-unit: venv
+unit: venv postgres
 	$(BIN)/python -m pytest -q -ra tests/unit
 
-integration: venv
+# The PostgreSQL tests start a server of their own (tests/pgserver.py) from Debian's postgresql
+# package: installed here when missing and apt-get can (as root); otherwise those tests skip,
+# saying why.
+postgres:
+	@if command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's postgresql package for the PostgreSQL tests"; \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) >/dev/null \
+			|| echo "could not install postgresql: the PostgreSQL tests will skip"; \
+	else echo "no PostgreSQL server binaries and no root apt-get: the PostgreSQL tests will skip"; fi
+
+integration: venv postgres
 	$(BIN)/python -m pytest -q -ra tests/integration
 
 protos: venv
