@@ -205,3 +205,37 @@ def test_the_migrations_ship_inside_the_package() -> None:
     patterns = data["tool"]["setuptools"]["package-data"]["*"]
     assert "*.mako" in patterns  # the .py files are packages' modules (versions/__init__.py)
     assert (folder / "versions" / "__init__.py").is_file()
+
+
+def test_an_api_opening_a_sqlite_file_another_is_upgrading_waits_for_it(tmp_path) -> None:
+    """Two APIs on one new SQLite file: while the first one's upgrade is half done (some tables,
+    no revision yet: SQLite's DDL is not transactional here), the second waits for it instead
+    of taking the file for one made before migrations."""
+    import fcntl
+    import os
+    import threading
+
+    path = tmp_path / "shared.db"
+    url = f"sqlite:///{path}"
+    fd = os.open(f"{path}.migrate-lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # "the first API", mid-upgrade
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        metadata.create_all(conn, tables=[metadata.tables["jobs"]])
+    engine.dispose()
+    errors: list[BaseException] = []
+
+    def second_api() -> None:
+        try:
+            Store(url).close()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=second_api)
+    t.start()
+    time.sleep(0.5)
+    assert not errors, errors  # it waits rather than refusing the half-made file
+    command.upgrade(alembic_config(url), "head")  # the first API finishes its upgrade
+    os.close(fd)
+    t.join(timeout=30)
+    assert not t.is_alive() and not errors, errors

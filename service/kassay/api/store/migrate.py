@@ -143,11 +143,15 @@ def ensure_current(engine: Engine, url: str) -> SchemaState:
         st = state(conn)
         if st.up_to_date:
             return st
-        if st.empty and conn.dialect.name == "sqlite":
+        if conn.dialect.name == "sqlite":
+            # Read again under the lock: SQLite's DDL is not transactional here, so another
+            # process upgrading the file right now shows some of its tables and no revision yet,
+            # which alone reads as a database from before migrations.
             with _upgrade_lock(conn, url):
-                if not state(conn).up_to_date:  # another process may have done it meanwhile
-                    _run_upgrade(conn, "head")
                 st = state(conn)
+                if st.empty:
+                    _run_upgrade(conn, "head")
+                    st = state(conn)
             if st.up_to_date:
                 return st
     raise SchemaError(behind_message(st, url))
