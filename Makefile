@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
 
-.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean browser
+.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean browser postgres
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -35,13 +35,24 @@ browser:
 	  && apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } \
 	  || echo "chromium could not be installed: the dashboard's browser tests will skip"
 
-test: venv lint typecheck check-protos browser
+test: venv postgres lint typecheck check-protos browser
 	$(BIN)/python -m pytest -q -ra -m "not gpu" tests
 
-unit: venv
+unit: venv postgres
 	$(BIN)/python -m pytest -q -ra tests/unit
 
-integration: venv
+# The PostgreSQL tests start a server of their own (tests/pgserver.py) from Debian's postgresql
+# package: installed here when missing and apt-get can (as root); otherwise those tests skip,
+# saying why.
+postgres:
+	@if command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's postgresql package for the PostgreSQL tests"; \
+		(apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql) >/dev/null \
+			|| echo "could not install postgresql: the PostgreSQL tests will skip"; \
+	else echo "no PostgreSQL server binaries and no root apt-get: the PostgreSQL tests will skip"; fi
+
+integration: venv postgres
 	$(BIN)/python -m pytest -q -ra tests/integration
 
 protos: venv

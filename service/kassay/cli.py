@@ -2,7 +2,7 @@
 
 - engine (this file and kassay.validate.cli): `run`, `selftest`
 - worker (kassay.worker.cli): `worker`
-- api (kassay.api.cli): `api`, `serve`, `demo`
+- api (kassay.api.cli): `api`, `serve`, `demo`; (kassay.api.db_cli): `db upgrade|current`
 - client (kassay_client.cli): `submit`, `wait`, `report`, `compare`, `jobs`, `cancel`
 
 Registration modules keep heavy imports (torch, grpc, fastapi) inside their command functions so
@@ -17,7 +17,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-_AREAS = ("kassay.validate.cli", "kassay.worker.cli", "kassay.api.cli", "kassay_client.cli")
+_AREAS = (
+    "kassay.validate.cli",
+    "kassay.worker.cli",
+    "kassay.api.cli",
+    "kassay.api.db_cli",
+    "kassay_client.cli",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -91,6 +91,13 @@ def cmd_api(args: argparse.Namespace) -> int:
 
     _configure_logging(args.log_level)
     settings = _settings(workers=args.worker, database_url=args.database_url)
+    from kassay.api.store.migrate import SchemaError, check_url
+
+    try:  # refuse a database behind this kassay's schema before serving anything
+        check_url(settings.database_url)
+    except SchemaError as exc:
+        print(f"kassay api: {exc}", file=sys.stderr)
+        return 2
     app = create_app(settings)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
     return 0

@@ -1,6 +1,10 @@
 """The job store: jobs, input groups and case results in any SQLAlchemy database.
 
-SQLite (a file, WAL journal) by default; PostgreSQL or any other SQLAlchemy URL by setting.
+SQLite (a file, WAL journal) by default; PostgreSQL (psycopg 3, `kassay[postgres]`) by URL, shared
+by several API replicas: the group queue's claims lock rows with FOR UPDATE SKIP LOCKED there.
+The schema is versioned by Alembic (`migrate`): a Store opens only a database at this kassay's
+revision (an empty SQLite file is upgraded on the spot), else SchemaError names
+`kassay db upgrade`.
 Results persist one by one as workers report them. A case's result is written at most once (the
 update only touches a row whose status is still NULL), so a group re-run after a lost worker or
 a restarted API never duplicates a case, and never re-runs one: the dispatcher sends only the
@@ -16,18 +20,15 @@ Every method is synchronous and short; the async dispatcher calls them through a
 
 from __future__ import annotations
 
-import time
-
-from sqlalchemy import Engine, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import select
 
 from kassay.api.store.artifacts import ArtifactRecord, Artifacts
 from kassay.api.store.database import make_engine, sqlite_file
 from kassay.api.store.history import History
 from kassay.api.store.jobs import ACTIVE_STATES, JOB_STATES, JobRecord, Jobs, body_hash, new_job_id
+from kassay.api.store.migrate import SchemaError, ensure_current
 from kassay.api.store.queue import Claim, GroupQueue
 from kassay.api.store.results import Results
-from kassay.api.tables import metadata
 
 
 class Store:
@@ -36,7 +37,11 @@ class Store:
     def __init__(self, url: str) -> None:
         self.url = url
         self.engine = make_engine(url)
-        _create_tables(self.engine)
+        try:
+            ensure_current(self.engine, url)
+        except BaseException:
+            self.engine.dispose()
+            raise
         self.jobs = Jobs(self.engine, sqlite_file(url))
         self.results = Results(self.engine, self.jobs)
         self.queue = GroupQueue(self.engine, self.jobs, self.results)
@@ -92,22 +97,9 @@ __all__ = [
     "JobRecord",
     "Jobs",
     "Results",
+    "SchemaError",
     "Store",
     "body_hash",
     "make_engine",
     "new_job_id",
 ]
-
-
-def _create_tables(engine: Engine) -> None:
-    """Create the missing tables. API replicas starting together on one database race here:
-    create_all checks, then creates, so the loser of the race gets "table ... already exists";
-    the tables are then there, and a second pass (which checks again) finds nothing to do."""
-    for attempt in range(5):
-        try:
-            metadata.create_all(engine)
-            return
-        except DBAPIError as exc:
-            if "already exists" not in str(exc).lower() or attempt == 4:
-                raise
-            time.sleep(0.1 * (attempt + 1))

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Engine, and_, insert, select
+from sqlalchemy.exc import IntegrityError
 
 from kassay.api.store.jobs import JobRecord, label_filters
 from kassay.api.tables import case_keys, cases, comparisons, jobs
@@ -105,12 +106,15 @@ class History:
             "result": comparison.model_dump(mode="json") if comparison else None,
             "note": note,
         }
-        with self.engine.begin() as conn:
-            exists = conn.execute(
-                select(comparisons.c.job_id).where(comparisons.c.job_id == job_id)
-            ).first()
-            if exists is None:
-                conn.execute(insert(comparisons).values(**row))
+        try:
+            with self.engine.begin() as conn:
+                exists = conn.execute(
+                    select(comparisons.c.job_id).where(comparisons.c.job_id == job_id)
+                ).first()
+                if exists is None:
+                    conn.execute(insert(comparisons).values(**row))
+        except IntegrityError:  # another replica recorded it between the check and the insert
+            pass
 
     def recorded_comparison(self, job_id: str) -> tuple[bool, Comparison | None, str]:
         """(recorded?, the comparison or None when nothing matched, the note)."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import (
     Connection,
@@ -27,6 +28,24 @@ from kassay.api.store.results import Results
 from kassay.api.tables import cases, groups, jobs
 from kassay.validate.results import Status
 from kassay.validate.spec import GroupSpec
+
+#: how many pending groups a claim looks through for one its worker can run
+_CANDIDATES = 50
+#: a claim that lost its group to a concurrent one (SQLite path)
+_LOST_RACE: Any = object()
+
+
+def _first_runnable(
+    rows: Sequence[Any], impls: set[str] | None, code: bool
+) -> tuple[Any, GroupSpec] | None:
+    """The first of `rows` (candidate groups, queue order) a worker offering `impls` (None:
+    any) runs; a group with artifacts takes its impls from them: any code worker runs it."""
+    for r in rows:
+        raw = r.spec
+        spec = GroupSpec.model_validate(json.loads(raw) if isinstance(raw, str) else raw)
+        if code if spec.artifacts else impls is None or set(spec.impls) <= impls:
+            return r, spec
+    return None
 
 
 @dataclass
@@ -56,6 +75,8 @@ class GroupQueue:
         self.engine = engine
         self.jobs = jobs
         self.results = results
+        # Row locks (FOR UPDATE SKIP LOCKED) where the database has them; SQLite has not.
+        self._row_locks = engine.dialect.name != "sqlite"
 
     def queue_depth(self) -> int:
         with self.engine.connect() as conn:
@@ -127,71 +148,27 @@ class GroupQueue:
         that name artifacts go only to a worker that runs them (`code`), whatever their impl
         names; `job_id` restricts the claim to one job."""
         for _ in range(20):  # another dispatcher may win the same row: try the next one
-            with self.engine.connect() as conn:
-                rows = conn.execute(
-                    select(
-                        groups.c.job_id,
-                        groups.c.group_id,
-                        # raw text: only the specs looked at below are decoded
-                        type_coerce(groups.c.spec, String).label("spec"),
-                        groups.c.attempts,
-                    )
-                    .where(
-                        and_(
-                            groups.c.state == "pending",
-                            groups.c.job_id == job_id if job_id is not None else true(),
-                        )
-                    )
-                    .order_by(groups.c.job_seq, groups.c.idx)
-                    .limit(50)
-                ).all()
-            if not rows:
+            leased = self._lease_one(worker, owner, lease_s, impls, code, job_id)
+            if leased is None:
                 return None
-            picked = None
-            for r in rows:
-                raw = r.spec
-                spec = GroupSpec.model_validate(json.loads(raw) if isinstance(raw, str) else raw)
-                # a group with artifacts: its impls come from them, any code worker runs it
-                runnable = code if spec.artifacts else impls is None or set(spec.impls) <= impls
-                if runnable:
-                    picked = (r, spec)
-                    break
-            if picked is None:
-                return None
-            r, spec = picked
-            now = time.time()
+            row, spec = leased
+            if row is _LOST_RACE:
+                continue
+            # A second transaction: the claim holds no group lock while it takes the job's row
+            # (stop_job takes the job's row, then its groups: one lock order, no deadlock).
             with self.engine.begin() as conn:
-                res = conn.execute(
-                    update(groups)
-                    .where(
-                        and_(
-                            groups.c.job_id == r.job_id,
-                            groups.c.group_id == r.group_id,
-                            groups.c.state == "pending",
-                        )
-                    )
-                    .values(
-                        state="leased",
-                        worker=worker,
-                        owner=owner,
-                        attempts=r.attempts + 1,
-                        lease_expires_at=now + lease_s,
-                    )
-                )
-                if res.rowcount != 1:
-                    continue
                 conn.execute(
                     update(jobs)
-                    .where(and_(jobs.c.id == r.job_id, jobs.c.state == "queued"))
-                    .values(state="running", started_at=now)
+                    .where(and_(jobs.c.id == row.job_id, jobs.c.state == "queued"))
+                    .values(state="running", started_at=time.time())
                 )
                 done = {
-                    row[0]
-                    for row in conn.execute(
+                    r[0]
+                    for r in conn.execute(
                         select(cases.c.impl).where(
                             and_(
-                                cases.c.job_id == r.job_id,
-                                cases.c.group_id == r.group_id,
+                                cases.c.job_id == row.job_id,
+                                cases.c.group_id == row.group_id,
                                 cases.c.status.is_not(None),
                             )
                         )
@@ -199,10 +176,82 @@ class GroupQueue:
                 }
             remaining = [i for i in spec.impls if i not in done]
             if not remaining:  # every case already reported (e.g. before a restart)
-                self.finish_group(r.job_id, r.group_id, reason="")
+                self.finish_group(row.job_id, row.group_id, reason="")
                 continue
-            return Claim(r.job_id, spec.model_copy(update={"impls": remaining}), r.attempts + 1)
+            return Claim(row.job_id, spec.model_copy(update={"impls": remaining}), row.attempts + 1)
         return None
+
+    def _lease_one(
+        self,
+        worker: str,
+        owner: str,
+        lease_s: float,
+        impls: set[str] | None,
+        code: bool,
+        job_id: str | None,
+    ) -> tuple[Any, GroupSpec] | None:
+        """Lease the oldest pending group `worker` can run: (its row, its spec); None when
+        there is none; (_LOST_RACE, spec) when another claim took it first.
+
+        PostgreSQL: the candidates are read with FOR UPDATE SKIP LOCKED in the leasing
+        transaction, so concurrent claims (other threads, other API replicas) each lock
+        different rows and never wait on each other. SQLite has one writer at a time and no
+        row locks: the candidates are read outside the write and the update checks the group
+        is still pending (a lost race updates nothing)."""
+        candidates = (
+            select(
+                groups.c.job_id,
+                groups.c.group_id,
+                # raw text: only the specs looked at below are decoded
+                type_coerce(groups.c.spec, String).label("spec"),
+                groups.c.attempts,
+            )
+            .where(
+                and_(
+                    groups.c.state == "pending",
+                    groups.c.job_id == job_id if job_id is not None else true(),
+                )
+            )
+            .order_by(groups.c.job_seq, groups.c.idx)
+            .limit(_CANDIDATES)
+        )
+        if self._row_locks:
+            with self.engine.begin() as conn:
+                rows = conn.execute(candidates.with_for_update(skip_locked=True)).all()
+                picked = _first_runnable(rows, impls, code)
+                if picked is not None:
+                    self._set_leased(conn, picked[0], worker, owner, lease_s)
+            return picked
+        with self.engine.connect() as conn:
+            rows = conn.execute(candidates).all()
+        picked = _first_runnable(rows, impls, code)
+        if picked is None:
+            return None
+        with self.engine.begin() as conn:
+            if not self._set_leased(conn, picked[0], worker, owner, lease_s):
+                return _LOST_RACE, picked[1]
+        return picked
+
+    @staticmethod
+    def _set_leased(conn: Connection, r: Any, worker: str, owner: str, lease_s: float) -> bool:
+        res = conn.execute(
+            update(groups)
+            .where(
+                and_(
+                    groups.c.job_id == r.job_id,
+                    groups.c.group_id == r.group_id,
+                    groups.c.state == "pending",
+                )
+            )
+            .values(
+                state="leased",
+                worker=worker,
+                owner=owner,
+                attempts=r.attempts + 1,
+                lease_expires_at=time.time() + lease_s,
+            )
+        )
+        return bool(res.rowcount == 1)
 
     def pending_groups(self, limit: int = 1000) -> list[tuple[str, GroupSpec]]:
         """(job id, spec) of the oldest pending groups, queue order."""
@@ -216,9 +265,12 @@ class GroupQueue:
         return [(r.job_id, GroupSpec.model_validate(r.spec)) for r in rows]
 
     def renew_leases(self, keys: Iterable[tuple[str, str]], *, owner: str, lease_s: float) -> None:
+        """Extend the leases `owner` holds on these groups. One short transaction per group:
+        a transaction holding several group rows could deadlock with a cancel locking the same
+        rows in another order."""
         until = time.time() + lease_s
-        with self.engine.begin() as conn:
-            for job_id, group_id in keys:
+        for job_id, group_id in keys:
+            with self.engine.begin() as conn:
                 conn.execute(
                     update(groups)
                     .where(_leased_by(job_id, group_id, owner))
@@ -309,6 +361,11 @@ class GroupQueue:
         `reason`. Finishes the job when it was its last open group."""
         self.results.fill_missing(job_id, group_id, status=status, reason=reason)
         with self.engine.begin() as conn:
+            # The job's row first: two replicas finishing a job's last two groups at once would
+            # each count the other's group as open (neither sees the other's uncommitted update)
+            # and neither would finish the job. Locked, they take turns. (SQLite: a no-op, its
+            # writers already take turns.)
+            conn.execute(select(jobs.c.seq).where(jobs.c.id == job_id).with_for_update())
             conn.execute(
                 update(groups)
                 .where(
