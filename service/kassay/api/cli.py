@@ -14,6 +14,7 @@ Heavy imports (fastapi, uvicorn, grpc, torch) stay inside the command functions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import secrets
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +215,7 @@ class Embedded:
             log_level=self.args.log_level,
             access_log=False,
         )
-        self.server = uvicorn.Server(config)
+        self.server = _quiet_server_class()(config)  # uvicorn imported on first use
         return self.server
 
     def banner(self) -> str:
@@ -253,6 +255,25 @@ class Embedded:
                 pass
             time.sleep(0.25)
         return False
+
+
+def _quiet_server_class() -> Any:
+    import uvicorn
+
+    class QuietServer(uvicorn.Server):
+        """uvicorn re-raises the SIGTERM/SIGINT it caught once it has shut down, which would kill
+        `kassay serve` before it stops its worker (the worker then died only by its parent-death
+        signal, and serve's exit status said "killed"). Here the signal is consumed: the caller
+        stops the worker and exits 0, as `kassay worker` does after a drain."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with super().capture_signals():
+                yield
+                self.signals_caught = list(self._captured_signals)
+                self._captured_signals.clear()
+
+    return QuietServer
 
 
 def _die_with_parent() -> None:
