@@ -55,7 +55,7 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     body: dict[str, Any] = {
         "database": "ok",
         "workers_up": svc.dispatcher.workers_up(),
-        "workers": len(svc.settings.workers),
+        "workers": len(svc.dispatcher.links),
     }
     ready = True
     try:
