@@ -232,21 +232,28 @@ class Procs:
     def wait_ready(self, api: Proc, *procs: Proc, workers_up: int = 1) -> None:
         wait_ready(api, *procs, workers_up=workers_up)
 
-    def serve(self, *, port: int, name: str = "serve") -> Proc:
-        """`kassay serve` (API + its own CPU worker) over a database in this test's folder."""
+    def serve(
+        self,
+        *,
+        port: int,
+        name: str = "serve",
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        """`kassay serve` (API + its own CPU worker) over a database in this test's folder;
+        `extra` arguments instead of `--device cpu`, `env` instead of the usual environment."""
         proc = Proc(
             name,
             [
                 "serve",
                 "--port",
                 str(port),
-                "--device",
-                "cpu",
+                *(extra if extra is not None else ["--device", "cpu"]),
                 "--data-dir",
                 str(self.tmp / f"{name}-data"),
             ],
             self.tmp / f"{name}.log",
-            _env({"KASSAY_WORKER_POLL_S": "0.5"}),
+            env if env is not None else _env({"KASSAY_WORKER_POLL_S": "0.5"}),
         )
         proc.extra["url"] = f"http://127.0.0.1:{port}"
         return proc.start()
