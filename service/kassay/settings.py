@@ -37,6 +37,11 @@ class Settings(BaseSettings):
         description="host memory a worker may keep float64 references and inputs in, so a "
         "repeated job pays only for its impls (0: off)",
     )
+    worker_metrics_listen: str | None = Field(
+        None,
+        description="HOST:PORT where the worker serves Prometheus /metrics (e.g. 0.0.0.0:9400); "
+        "unset: no metrics endpoint",
+    )
     worker_shutdown_grace_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
     )

@@ -39,9 +39,23 @@ def _until(check, timeout: float = 120.0, what: str = "") -> None:
     pytest.fail(f"timed out waiting for {what}")
 
 
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for fam in text_string_to_metric_families(text)
+        for x in fam.samples
+    }
+
+
 def test_dns_name_of_a_real_worker(procs) -> None:
-    """`dns:///localhost:PORT` finds the worker listening on 127.0.0.1:PORT and runs a job."""
-    worker = procs.worker("w-dns")
+    """`dns:///localhost:PORT` finds the worker listening on 127.0.0.1:PORT and runs a job;
+    the worker's own /metrics and the API's count what ran."""
+    metrics_port = procs.free_port()
+    worker = procs.worker(
+        "w-dns", env={"KASSAY_WORKER_METRICS_LISTEN": f"127.0.0.1:{metrics_port}"}
+    )
     port = int(worker.extra["address"].rsplit(":", 1)[1])
     api = procs.api([f"dns:///localhost:{port}"], worker_resolve_s="0.5")
     try:
@@ -57,6 +71,20 @@ def test_dns_name_of_a_real_worker(procs) -> None:
             return httpx.get(f"{url}/v1/jobs/{job['id']}").json()["state"] == "finished"
 
         _until(done, what="the job")
+        total = httpx.get(f"{url}/v1/jobs/{job['id']}").json()["progress"]["total"]
+
+        worker_side = _samples(httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text)
+        ran = {k: v for k, v in worker_side.items() if k[0] == "kassay_worker_cases_total"}
+        assert sum(ran.values()) == total and all(dict(k[1])["op"] == "lse_merge" for k in ran), ran
+        assert worker_side[("kassay_worker_executor_restarts_total", ())] == 0
+        assert not [k for k in worker_side if k[0].startswith("kassay_gpu_")]  # a CPU worker
+
+        api_side = _samples(httpx.get(f"{url}/metrics").text)
+        assert api_side[("kassay_jobs", (("state", "finished"),))] == 1
+        assert api_side[("kassay_jobs", (("state", "queued"),))] == 0
+        assert api_side[("kassay_case_seconds_count", (("op", "lse_merge"),))] == total
+        assert api_side[("kassay_admission_seconds_count", (("op", "lse_merge"),))] == 1
+        assert api_side[("kassay_workers", ())] == 1
     finally:
         api.stop()
         worker.stop()

@@ -547,6 +547,7 @@ class Dispatcher:
         if seq is None:
             return
         self.metrics.case_results.labels(result.status).inc()
+        self.metrics.case_seconds.labels(result.op).observe(result.duration_s)
         env = result.environment
         if env is not None:
             # One write per (job, worker device), not per case: the store deduplicates too,
