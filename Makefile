@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
 
-.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean
+.PHONY: run demo test lint typecheck unit integration protos check-protos deploy-check venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -30,6 +30,13 @@ check-protos: venv
 
 test: venv lint typecheck check-protos
 	$(BIN)/python -m pytest -q -ra -m "not gpu" tests
+
+# The deployment files alone (also part of `make test`, in tests/unit/test_deploy.py): the
+# manifests against the Kubernetes 1.33 schema, the Dockerfile through hadolint.
+deploy-check: venv
+	$(BIN)/kubernetes-validate --strict --quiet -k 1.33.0 deploy/k8s/*.yaml
+	$(BIN)/hadolint Dockerfile
+	$(BIN)/python -m pytest -q tests/unit/test_deploy.py
 
 unit: venv
 	$(BIN)/python -m pytest -q -ra tests/unit
