@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
 
-.PHONY: run demo test lint typecheck unit integration protos check-protos venv clean browser postgres
+.PHONY: run demo test lint typecheck unit integration protos check-protos deploy-check venv clean browser postgres
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -37,6 +37,13 @@ browser:
 
 test: venv postgres lint typecheck check-protos browser
 	$(BIN)/python -m pytest -q -ra -m "not gpu" tests
+
+# The deployment files alone (also part of `make test`, in tests/unit/test_deploy.py): the
+# manifests against the Kubernetes 1.33 schema, the Dockerfile through hadolint.
+deploy-check: venv
+	$(BIN)/kubernetes-validate --strict --quiet -k 1.33.0 deploy/k8s/*.yaml
+	$(BIN)/hadolint Dockerfile
+	$(BIN)/python -m pytest -q tests/unit/test_deploy.py
 
 unit: venv postgres
 	$(BIN)/python -m pytest -q -ra tests/unit

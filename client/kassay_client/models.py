@@ -202,6 +202,7 @@ class Worker(_Model):
     last_error: str | None = None
     environment: dict[str, Any] | None = None
     sandbox: dict[str, Any] | None = None
+    found_by: str | None = None  # the DNS name (dns:/// entry) the API found this worker by
 
 
 class Artifact(_Model):

@@ -37,6 +37,11 @@ class Settings(BaseSettings):
         description="host memory a worker may keep float64 references and inputs in, so a "
         "repeated job pays only for its impls (0: off)",
     )
+    worker_metrics_listen: str | None = Field(
+        None,
+        description="HOST:PORT where the worker serves Prometheus /metrics (e.g. 0.0.0.0:9400); "
+        "unset: no metrics endpoint",
+    )
     worker_shutdown_grace_s: float = Field(
         30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
     )
@@ -81,7 +86,14 @@ class Settings(BaseSettings):
 
     # --- api ---
     database_url: str = "sqlite:///.kassay/kassay.db"
-    workers: CommaList = Field(default_factory=list, description="worker addresses host:port")
+    workers: CommaList = Field(
+        default_factory=list,
+        description="the workers: addresses host:port, and dns:///NAME:PORT names whose every "
+        "address (A/AAAA record) is a worker, e.g. a Kubernetes headless Service",
+    )
+    worker_resolve_s: float = Field(
+        30.0, gt=0, description="how often dns:/// worker names are resolved again"
+    )
     api_tokens: CommaList = Field(default_factory=list, description="tokens allowed to write")
     read_tokens: CommaList = Field(default_factory=list, description="read-only tokens")
     open_reads: bool = Field(True, description="reads need no token even when tokens are set")
@@ -173,6 +185,15 @@ class Settings(BaseSettings):
             if text.startswith("["):
                 return json.loads(text)
             return [item.strip() for item in text.split(",") if item.strip()]
+        return v
+
+    @field_validator("workers")
+    @classmethod
+    def _worker_entries(cls, v: list[str]) -> list[str]:
+        from kassay.api.worker_discovery import parse_entry  # no heavy imports
+
+        for entry in v:
+            parse_entry(entry)  # ValueError names the entry
         return v
 
     @field_validator("device")

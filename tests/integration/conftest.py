@@ -224,8 +224,10 @@ class Procs:
     def worker(self, name: str = "worker", **kw: object) -> Proc:
         return start_worker(self.tmp, name=name, **kw)  # type: ignore[arg-type]
 
-    def api(self, workers: list[Proc], **kw: object) -> Proc:
-        return start_api(self.tmp, [w.extra["address"] for w in workers], **kw)  # type: ignore[arg-type]
+    def api(self, workers: list[Proc | str], **kw: object) -> Proc:
+        """An API for these workers (processes, or KASSAY_WORKERS entries as they are)."""
+        entries = [w if isinstance(w, str) else w.extra["address"] for w in workers]
+        return start_api(self.tmp, entries, **kw)  # type: ignore[arg-type]
 
     def wait_ready(self, api: Proc, *procs: Proc, workers_up: int = 1) -> None:
         wait_ready(api, *procs, workers_up=workers_up)
@@ -235,19 +237,20 @@ class Procs:
         *,
         port: int,
         name: str = "serve",
+        extra: list[str] | None = None,
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
     ) -> Proc:
         """`kassay serve` (API + its own CPU worker) over a database in this test's folder;
-        `env` adds environment (KASSAY_* settings), `args` command-line options."""
+        `extra` arguments instead of `--device cpu`, `env` added to the usual environment
+        (KASSAY_* settings), `args` more command-line options."""
         proc = Proc(
             name,
             [
                 "serve",
                 "--port",
                 str(port),
-                "--device",
-                "cpu",
+                *(extra if extra is not None else ["--device", "cpu"]),
                 "--data-dir",
                 str(self.tmp / f"{name}-data"),
                 *args,

@@ -18,6 +18,7 @@ from kassay.api.fastpath import JobFastPath
 from kassay.api.metrics import ApiMetrics, MetricsMiddleware
 from kassay.api.notify import JobNotifier
 from kassay.api.store import Store
+from kassay.api.worker_discovery import Resolver
 from kassay.errors import KassayError
 from kassay.settings import Settings, get_settings
 
@@ -54,8 +55,11 @@ async def _http_error(_request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> FastAPI:
-    """Build the API. `dispatch=False` leaves the dispatcher idle (tests of the routes alone)."""
+def create_app(
+    settings: Settings | None = None, *, dispatch: bool = True, resolver: Resolver | None = None
+) -> FastAPI:
+    """Build the API. `dispatch=False` leaves the dispatcher idle (tests of the routes alone);
+    `resolver` looks up the `dns:///` worker names (default: the system's, getaddrinfo)."""
     from kassay.api.dispatcher import Dispatcher
     from kassay.api.routes import artifacts, dashboard, history, jobs, system, web
 
@@ -66,7 +70,9 @@ def create_app(settings: Settings | None = None, *, dispatch: bool = True) -> Fa
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = Store(settings.database_url)
         notifier = JobNotifier()
-        dispatcher = Dispatcher(store, settings, notifier=notifier, metrics=metrics)
+        dispatcher = Dispatcher(
+            store, settings, notifier=notifier, metrics=metrics, resolver=resolver
+        )
         app.state.services = Services(
             settings=settings,
             store=store,

@@ -1,6 +1,9 @@
 """The dispatcher: sends queued input groups to the workers over gRPC and stores what comes back.
 
-One task per configured worker address. While the worker answers Describe it is `up`: the task
+One task per worker address: the addresses KASSAY_WORKERS lists, and those its `dns:///name:port`
+entries resolve to now (kassay.api.worker_discovery; resolved again every KASSAY_WORKER_RESOLVE_S:
+a new address gets a link and a task, an address gone from the name is retired: it takes no new
+group, its running groups finish or come back as they would from any worker, then its link goes). While the worker answers Describe it is `up`: the task
 leases the oldest pending group the worker can run (one group at a time per worker device),
 sends it in one `Run` call and stores each CaseResult as it streams in. A lease is a row in the
 store renewed while the group runs; a group whose lease ran out (its API process died) is
@@ -31,6 +34,7 @@ from kassay.api.metrics import ApiMetrics
 from kassay.api.notify import JobNotifier
 from kassay.api.schemas import WorkerInfo
 from kassay.api.store import Claim, Store
+from kassay.api.worker_discovery import Resolver, WorkerDirectory
 from kassay.settings import Settings
 
 log = logging.getLogger("kassay.api.dispatcher")
@@ -68,9 +72,11 @@ class WorkerLost(Exception):
 
 @dataclass
 class WorkerLink:
-    """One configured worker address and what its last Describe said."""
+    """One worker address and what its last Describe said."""
 
     address: str
+    found_by: str | None = None  # the DNS name this address came from (None: listed as is)
+    retired: bool = False  # gone from its DNS name: takes no new group
     state: str = "unknown"  # unknown | up | down
     channel: Any = None
     stub: Any = None
@@ -109,6 +115,7 @@ class WorkerLink:
             last_error=self.last_error,
             environment=self.environment,
             sandbox=self.sandbox,
+            found_by=self.found_by,
         )
 
 
@@ -116,15 +123,25 @@ class Dispatcher:
     """Feeds the store's queue to the workers; see the module docstring."""
 
     def __init__(
-        self, store: Store, settings: Settings, *, notifier: JobNotifier, metrics: ApiMetrics
+        self,
+        store: Store,
+        settings: Settings,
+        *,
+        notifier: JobNotifier,
+        metrics: ApiMetrics,
+        resolver: Resolver | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.notifier = notifier
         self.metrics = metrics
         self.owner = "api-" + secrets.token_hex(6)
-        self.links = [WorkerLink(a) for a in dict.fromkeys(settings.workers)]
+        self.directory = WorkerDirectory(settings.workers, resolver)
+        # the plain addresses from the start; those of DNS names once start() has resolved them
+        self.links = [WorkerLink(a) for a in self.directory.static_addresses()]
         self._tasks: list[asyncio.Task[None]] = []
+        self._link_tasks: dict[int, asyncio.Task[None]] = {}  # id(link) -> its worker loop
+        self._credentials: Any = None
         self._wake = asyncio.Event()
         self._stopping = False
         self._cancelled_runs: set[str] = set()
@@ -183,7 +200,7 @@ class Dispatcher:
         return max(s for s in sizes if s) if sizes else None
 
     def workers_up(self) -> int:
-        return sum(1 for link in self.links if link.state == "up")
+        return sum(1 for link in self.links if link.state == "up" and not link.retired)
 
     def workers_info(self) -> list[WorkerInfo]:
         return [link.info() for link in self.links]
@@ -191,27 +208,84 @@ class Dispatcher:
     # ------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        from kassay.api.worker_channel import channel_credentials, open_channel
+        from kassay.api.worker_channel import channel_credentials
 
-        creds = channel_credentials(self.settings)  # TLS and the worker token (or None)
+        self._credentials = channel_credentials(self.settings)  # TLS and the token (or None)
         for link in self.links:
-            link.channel = open_channel(link.address, self.settings, _CHANNEL_OPTIONS, creds)
-            from kassay.v1 import worker_pb2_grpc
-
-            link.stub = worker_pb2_grpc.WorkerStub(link.channel)
-            self._tasks.append(
-                asyncio.create_task(self._worker_loop(link), name=f"worker {link.address}")
-            )
+            self._open(link)
+        if self.directory.dynamic:
+            await self.refresh_workers()
+            self._tasks.append(asyncio.create_task(self._rediscover(), name="worker discovery"))
         self._tasks.append(asyncio.create_task(self._sweeper(), name="lease sweeper"))
+
+    def _open(self, link: WorkerLink) -> None:
+        """The link's channel and its worker loop."""
+        from kassay.api.worker_channel import open_channel
+        from kassay.v1 import worker_pb2_grpc
+
+        link.channel = open_channel(
+            link.address,
+            self.settings,
+            _CHANNEL_OPTIONS,
+            self._credentials,
+            server_name=link.found_by,
+        )
+        link.stub = worker_pb2_grpc.WorkerStub(link.channel)
+        task = asyncio.create_task(self._worker_loop(link), name=f"worker {link.address}")
+        key = id(link)
+        self._link_tasks[key] = task
+
+        def forget(_task: asyncio.Task[None]) -> None:
+            self._link_tasks.pop(key, None)
+
+        task.add_done_callback(forget)
+
+    async def refresh_workers(self) -> None:
+        """Resolve the DNS entries again: open links to new addresses, retire vanished ones."""
+        found = await self.directory.resolve()
+        active = {link.address: link for link in self.links if not link.retired}
+        for address, name in found.items():
+            if address not in active:
+                link = WorkerLink(address, found_by=name)
+                self.links.append(link)
+                if not self._stopping:
+                    self._open(link)
+                log.info("worker %s found (%s)", address, name or "listed")
+        for address, link in active.items():
+            if address not in found:
+                log.info("worker %s is gone from %s: retiring it", address, link.found_by)
+                link.retired = True
+                self._wake.set()  # its loop may sit idle waiting for work
+        if found.keys() - active.keys() or active.keys() - found.keys():
+            self.wake()
+
+    async def _rediscover(self) -> None:
+        while not self._stopping:
+            await asyncio.sleep(self.settings.worker_resolve_s)
+            try:
+                await self.refresh_workers()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("worker discovery")
+
+    async def _retire(self, link: WorkerLink) -> None:
+        """A retired link whose runs are over: close its channel and forget it."""
+        if link in self.links:
+            self.links.remove(link)
+        if link.channel is not None:
+            with contextlib.suppress(Exception):
+                await link.channel.close(grace=None)
 
     async def stop(self) -> None:
         """Stop dispatching. The groups running now go back to the queue (without counting an
         attempt); an API killed outright leaves leases that run out instead."""
         self._stopping = True
         running = [key for link in self.links for key in link.running.values()]
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._link_tasks.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
@@ -284,6 +358,13 @@ class Dispatcher:
         inflight: set[asyncio.Task[None]] = set()
         try:
             while not self._stopping:
+                if link.retired:
+                    # gone from its DNS name: no new group; what it runs finishes (or comes
+                    # back, if the worker went with its record) as it would anywhere
+                    if inflight:
+                        await asyncio.wait(inflight)
+                    await self._retire(link)
+                    return
                 try:
                     if inflight and (len(inflight) >= depth or link.state != "up"):
                         await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
@@ -301,10 +382,20 @@ class Dispatcher:
                         lease_s=self.settings.lease_s,
                         impls=link.impl_names() or None,
                         code=link.accepts_code,
-                        share=sum(1 for other in self.links if other.state == "up"),
+                        share=self.workers_up(),
                     )
                     if not claims:
                         await self._idle(poll)
+                        continue
+                    if link.retired:  # retired while claiming: hand the claims straight back
+                        for c in claims:
+                            await asyncio.to_thread(
+                                self.store.release_group,
+                                c.job_id,
+                                c.group.group_id,
+                                owner=self.owner,
+                            )
+                        self.wake()
                         continue
                     task = asyncio.create_task(self._run(link, claims))
                     inflight.add(task)
@@ -456,6 +547,7 @@ class Dispatcher:
         if seq is None:
             return
         self.metrics.case_results.labels(result.status).inc()
+        self.metrics.case_seconds.labels(result.op).observe(result.duration_s)
         env = result.environment
         if env is not None:
             # One write per (job, worker device), not per case: the store deduplicates too,

@@ -1,5 +1,9 @@
 """Prometheus metrics of the API (a registry per app, served at /metrics) and the ASGI
-middleware that counts and times HTTP requests by route template."""
+middleware that counts and times HTTP requests by route template.
+
+Counters and histograms count what this replica did (sum them over replicas); the gauges read
+the shared database at scrape time (jobs by state, queue depth: every replica reports the same,
+so take max, not sum, over replicas)."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from sqlalchemy import Engine, func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -40,9 +45,50 @@ class ApiMetrics:
             "kassay_groups_requeued_total", "input groups requeued after a lost worker", registry=r
         )
         self.workers_up = Gauge("kassay_workers_up", "workers answering Describe", registry=r)
+        self.workers_known = Gauge(
+            "kassay_workers", "worker addresses known (listed, or found by DNS)", registry=r
+        )
         self.queue_depth = Gauge(
             "kassay_queue_groups", "input groups waiting for a worker", registry=r
         )
+        self.jobs_by_state = Gauge(
+            "kassay_jobs", "jobs in the database by state", ["state"], registry=r
+        )
+        self.case_seconds = Histogram(
+            "kassay_case_seconds",
+            "a case's duration on its worker (inputs, reference share, runs, timing)",
+            ["op"],
+            buckets=CASE_BUCKETS,
+            registry=r,
+        )
+        self.admission_seconds = Histogram(
+            "kassay_admission_seconds",
+            "POST /v1/jobs: parsing, validation, grid expansion and storing, by op of the job",
+            ["op"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+
+    def observe_admission(self, ops: tuple[str, ...], seconds: float) -> None:
+        """One admitted job: its admission time under each op it asks for."""
+        for op in ops:
+            self.admission_seconds.labels(op).observe(seconds)
+
+    def read_database(self, engine: Engine, queue_depth: int) -> None:
+        """Set the gauges that count what the database holds (at scrape time)."""
+        from kassay.api.store import JOB_STATES
+        from kassay.api.tables import jobs
+
+        with engine.connect() as conn:
+            rows = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all()
+        counts = {str(state): int(n) for state, n in rows}
+        for state in (*JOB_STATES, *counts):  # every state, 0 included, so a series never gaps
+            self.jobs_by_state.labels(state).set(counts.get(state, 0))
+        self.queue_depth.set(queue_depth)
+
+
+#: case durations: CPU cases take milliseconds, timed GPU cases seconds, big grids minutes
+CASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 
 
 class MetricsMiddleware:

@@ -94,6 +94,9 @@ class WorkerInfo(BaseModel):
         description="how the worker confines artifact code: network, filesystem, processes, "
         "user, limits, and notes on what it does not stop",
     )
+    found_by: str | None = Field(
+        None, description="the DNS name (a dns:/// entry of KASSAY_WORKERS) this address came from"
+    )
 
 
 class Artifact(BaseModel):

@@ -37,6 +37,7 @@ class WorkerCatalog(Protocol):
 class Admitted:
     job: JobRecord
     created: bool
+    ops: tuple[str, ...] = ()  # the ops the job asks for (metrics label admission by them)
 
 
 def parse_body(body: bytes, content_type: str | None) -> JobSpec:
@@ -152,4 +153,4 @@ def admit(
     )
     if created and spec.artifacts:
         store.artifacts.record_job(job.id, spec.artifacts)
-    return Admitted(job, created)
+    return Admitted(job, created, tuple(sorted({s.op for s in spec.suites})))

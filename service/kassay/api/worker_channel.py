@@ -87,13 +87,18 @@ def open_channel(
     settings: Settings,
     options: list[tuple[str, Any]],
     credentials: grpc.ChannelCredentials | None = None,
+    *,
+    server_name: str | None = None,
 ) -> grpc.aio.Channel:
     """A channel to the worker at `address` as the settings say (see the module docstring);
-    `credentials` from channel_credentials(), built once for all workers."""
+    `credentials` from channel_credentials(), built once for all workers. `server_name`: the
+    DNS name the address was found by (a `dns:///` entry), which its certificate is checked
+    against unless KASSAY_WORKER_TLS_SERVER_NAME says otherwise (an address alone is an IP)."""
     if credentials is not None:
         opts = list(options)
-        if settings.worker_tls_server_name:
-            opts.append(("grpc.ssl_target_name_override", settings.worker_tls_server_name))
+        name = settings.worker_tls_server_name or server_name
+        if name:
+            opts.append(("grpc.ssl_target_name_override", name))
         return grpc.aio.secure_channel(address, credentials, options=opts)
     interceptors: list[Any] = []
     if settings.worker_token is not None:

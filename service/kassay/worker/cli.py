@@ -46,6 +46,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--worker-id", default=None, help="name reported in results and Describe")
     p.add_argument(
+        "--metrics-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics there (default: KASSAY_WORKER_METRICS_LISTEN; none)",
+    )
+    p.add_argument(
         "--no-artifacts",
         dest="artifacts",
         action="store_false",
@@ -71,6 +77,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         "case_timeout_s": args.case_timeout,
         "worker_id": args.worker_id,
         "worker_artifacts": args.artifacts,
+        "worker_metrics_listen": args.metrics_listen,
     }
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -107,6 +114,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         max_timing_budget_s=settings.max_timing_budget_s,
         artifact_dir=str(artifact_dir.resolve()) if settings.worker_artifacts else None,
         max_artifact_bytes=settings.max_artifact_bytes,
+        metrics_listen=settings.worker_metrics_listen,
         sandbox=SandboxConfig(
             workdir="",
             cpu_s=settings.sandbox_cpu_s,

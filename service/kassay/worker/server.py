@@ -51,6 +51,7 @@ from kassay.worker import convert
 from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor
+from kassay.worker.metrics import WorkerMetrics
 from kassay.worker.sandbox import SandboxConfig
 from kassay.worker.supervisor import ExecutorStartError, RunHandle, Supervisor
 
@@ -86,13 +87,16 @@ class WorkerConfig:
     artifact_dir: str | None = None
     max_artifact_bytes: int = 64 * 2**20
     sandbox: SandboxConfig | None = None
+    #: HOST:PORT of the Prometheus /metrics endpoint (None: none)
+    metrics_listen: str | None = None
 
 
 class _StreamSink:
     """Turns supervisor events into kassay.v1.CaseEvent messages on a queue for one Run call."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, metrics: WorkerMetrics | None = None) -> None:
         self.run_id = run_id
+        self.metrics = metrics
         self.queue: asyncio.Queue[pb.CaseEvent | None] = asyncio.Queue()
         self.seq = 0
         self.finished_flag = False
@@ -108,6 +112,8 @@ class _StreamSink:
 
     def result(self, result: CaseResult) -> None:
         self._put(result=convert.result_to_proto(result))
+        if self.metrics is not None:
+            self.metrics.observe(result)
 
     def done(
         self, group_id: str, n_results: int, not_run: list[str], reason: str, duration_s: float
@@ -130,9 +136,12 @@ class _StreamSink:
 class WorkerService(worker_pb2_grpc.WorkerServicer):
     """kassay.v1.Worker over one Supervisor."""
 
-    def __init__(self, supervisor: Supervisor, config: WorkerConfig) -> None:
+    def __init__(
+        self, supervisor: Supervisor, config: WorkerConfig, metrics: WorkerMetrics | None = None
+    ) -> None:
         self.sup = supervisor
         self.config = config
+        self.metrics = metrics
         self.draining = False
 
     # ------------------------------------------------------------------------------ Describe
@@ -347,7 +356,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         await self.sup.wait_ready(self.config.start_timeout_s)
         self._check_groups(groups, include_mutants)
         run_id = request.run_id or f"run-{uuid.uuid4().hex[:12]}"
-        sink = _StreamSink(run_id)
+        sink = _StreamSink(run_id, self.metrics)
         # A run may shorten the worker's case timeout, never lengthen it.
         timeout = min(
             request.case_timeout_s or self.config.case_timeout_s, self.config.case_timeout_s
@@ -448,7 +457,21 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
         ),
         sandbox_config=config.sandbox,
     )
-    service = WorkerService(sup, config)
+    metrics = WorkerMetrics(restarts=lambda: sup.restarts, device=config.device)
+    stop_metrics: Any = None
+    if config.metrics_listen:
+        try:
+            metrics_port, stop_metrics = metrics.serve(config.metrics_listen)
+        except (OSError, ValueError) as exc:
+            log.error("cannot serve metrics on %s: %s", config.metrics_listen, exc)
+            await server.stop(grace=None)
+            return 1
+        print(
+            f"kassay worker metrics on http://{config.metrics_listen.rsplit(':', 1)[0]}:"
+            f"{metrics_port}/metrics",
+            flush=True,
+        )
+    service = WorkerService(sup, config, metrics)
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     reflection.enable_server_reflection(
@@ -505,5 +528,7 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
     await health.enter_graceful_shutdown()
     await sup.drain(timeout=config.shutdown_grace_s)
     await server.stop(grace=5.0)
+    if stop_metrics is not None:
+        stop_metrics()
     print("kassay worker: stopped", flush=True)
     return 0

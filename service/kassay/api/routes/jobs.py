@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
@@ -75,6 +76,7 @@ async def create_job(
     """Submit a job spec (JSON or YAML). The same `Idempotency-Key` returns the same job
     (200 instead of 201)."""
     body = await read_body(request, svc.settings.max_body_bytes)
+    t0 = time.perf_counter()
     try:
         admitted = await run_in_threadpool(
             admit,
@@ -93,6 +95,7 @@ async def create_job(
     response.headers["Location"] = job.links.self
     if admitted.created:
         svc.metrics.jobs_submitted.inc()
+        svc.metrics.observe_admission(admitted.ops, time.perf_counter() - t0)
         svc.dispatcher.wake()
     else:
         response.status_code = 200

@@ -55,7 +55,7 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     body: dict[str, Any] = {
         "database": "ok",
         "workers_up": svc.dispatcher.workers_up(),
-        "workers": len(svc.settings.workers),
+        "workers": len(svc.dispatcher.links),
     }
     ready = True
     try:
@@ -75,6 +75,8 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
 )
 async def metrics(svc: Annotated[Services, Depends(services)]) -> Response:
     """Prometheus metrics (a read: with locked reads, scrape with a read token as bearer)."""
-    svc.metrics.queue_depth.set(await run_in_threadpool(svc.store.queue_depth))
+    depth = await run_in_threadpool(svc.store.queue_depth)
+    await run_in_threadpool(svc.metrics.read_database, svc.store.engine, depth)
     svc.metrics.workers_up.set(svc.dispatcher.workers_up())
+    svc.metrics.workers_known.set(len(svc.dispatcher.links))
     return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
