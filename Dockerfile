@@ -28,8 +28,8 @@ COPY service ./service
 COPY client ./client
 
 FROM base AS api
-# EXTRAS: add the database driver extra your KASSAY_DATABASE_URL needs (e.g. api,postgres).
-ARG EXTRAS=api
+# EXTRAS: the API and the PostgreSQL driver (psycopg 3) its replicas share a database through.
+ARG EXTRAS=api,postgres
 # DL3013 reads ".[api]" as an unpinned package; it is this source tree (its version is the one
 # pyproject.toml says), installed with the dependency ranges pyproject.toml declares.
 # hadolint ignore=DL3013
