@@ -298,11 +298,12 @@ def _ce_stats_step(
             e += tl.exp2(zb * LOG2E - m2)
         s_vec = s_vec * tl.exp2(m_vec * LOG2E - m2) + e
     if LSW:
+        # masked lanes: w = 0 and z = -inf, so z is zeroed before the product (no NaN)
         wa = _cew_load(cew_ptr, v0 + cols, V, MASKED)
-        sum_z += tl.where(wa != 0.0, za * wa, 0.0)  # masked lanes: w 0, z -inf
+        sum_z += tl.where(wa != 0.0, za, 0.0) * wa
         if PAIR:
             wb = _cew_load(cew_ptr, v0 + BLOCK_V + cols, V, MASKED)
-            sum_z += tl.where(wb != 0.0, zb * wb, 0.0)
+            sum_z += tl.where(wb != 0.0, zb, 0.0) * wb
     elif HAS_LS:
         if MASKED:
             sum_z += tl.where(v0 + cols < V, za, 0.0)
