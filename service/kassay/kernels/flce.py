@@ -232,8 +232,8 @@ def fused_linear_cross_entropy(
             `F.cross_entropy(weight=...)` (Liger's name: `weight` here is the lm head). See
             "Class weights" below.
         accum_dtype: None (default) or torch.float32: accumulate grad_weight over the row
-            chunks in a float32 buffer (V·H·4 bytes more at the peak: +2 GiB at V=128256,
-            H=4096) and round once to weight.dtype. See "Accumulation" below.
+            chunks in a float32 buffer and round once to weight.dtype (up to V·H·4 bytes more
+            at the peak: ≤ 2 GiB at V=128256, H=4096). See "Accumulation" below.
         use_token_scaling: Liger's token scaling: each non-ignored row's loss (z-loss included)
             and its gradient are multiplied by p_n = softmax(zc_n)[t_n], the probability of
             its target, detached (no gradient flows through p_n). The mean's divisor is
@@ -269,7 +269,7 @@ def fused_linear_cross_entropy(
     of two (see the module docstring): grad_weight rel-L2 error 1.003x / 1.02x eager's at the
     two target shapes (H200; eager computes grad_weight in one GEMM), at V·H·2 bytes.
     accum_dtype=torch.float32 moves bfloat16 weights to the float32 buffer (one rounding,
-    eager's error, V·H·4 bytes more). grad_bias is always summed in float32.
+    eager's error, up to V·H·4 bytes more). grad_bias is always summed in float32.
 
     Gradients: grad_x [N, H] in x.dtype, grad_weight [V, H] in weight.dtype, grad_bias [V] in
     bias.dtype. Softmax, lse and dloss/dlogits are float32; GEMMs accumulate in float32; float32
