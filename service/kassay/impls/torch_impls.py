@@ -160,7 +160,9 @@ def _flce_native(
     ce_weight: torch.Tensor | None = None,
 ) -> Any:
     # accum_dtype float32: its "accurate" policy keeps the chunked intermediates in acc_dtype
-    acc = {"acc_policy": "accurate", "acc_dtype": torch.float32} if p.accum_dtype else {}
+    acc: dict[str, Any] = (
+        {"acc_policy": "accurate", "acc_dtype": torch.float32} if p.accum_dtype else {}
+    )
     return F.linear_cross_entropy(  # type: ignore[attr-defined]
         x,
         w,

@@ -382,9 +382,8 @@ class _FLCEFunction(torch.autograd.Function):
             ctx.save_for_backward(xc, wc, bc, tgt)
         else:
             ctx.saved = (gx, gw, gb)
-        if acc is None:  # autograd.Function outputs must be tensors
-            acc = torch.zeros((), dtype=torch.float32, device=xc.device)
-        ctx.mark_non_differentiable(zl, acc)
+        # acc stays None unless asked: no extra allocation or launch on the default path
+        ctx.mark_non_differentiable(zl, *([acc] if acc is not None else []))
         return loss, zl, acc
 
     @staticmethod
