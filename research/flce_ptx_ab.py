@@ -20,9 +20,6 @@ import re
 import sys
 from pathlib import Path
 
-if os.environ.get("TRITON_INTERPRET") == "1":
-    sys.exit("unset TRITON_INTERPRET: this compiles the kernels")
-
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -66,6 +63,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="the base version's _flce_kernels.py")
     args = ap.parse_args()
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("unset TRITON_INTERPRET: this compiles the kernels")
     base, new = _load(Path(args.base), "base_kernels"), _load(NEW, "new_kernels")
     same = True
     for zdt in ("bf16", "fp16", "fp32"):
