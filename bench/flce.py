@@ -8,6 +8,15 @@ of loss, grad_input and grad_weight against a float64 reference computed chunked
 
     PYTHONPATH=service python3 bench/flce.py --out bench/results/flce-h200-<date>.json
 
+Two more modes:
+  --budgets  the time-memory curve: kassay over a sweep of memory budgets (logits chunks of
+             --min-rows rows up to 3 GiB; kassay accepts any budget down to one row, each
+             chunk re-reads W three times, so chunks below ~64 rows only get slower) at both
+             target shapes, with every peer's (time, peak memory) point from the same run.
+             Plot it on any machine with matplotlib: python3 bench/flce_plot.py <json>.
+  --ab       kassay's default call only (both shapes, repeated do_bench medians): the speed
+             half of an A/B of two versions (bench/flce_ab.py runs both, alternating).
+
 Needs only torch + triton (+ liger-kernel / cut-cross-entropy when installed). Uses kassay's
 public API only (`kassay.kernels`); the stage breakdown and GEMM probes that reach into the
 launchers are in research/flce_speed_probe.py.
@@ -143,11 +152,133 @@ def matmul_ceiling():
     return 2 * 8192**3 / ms / 1e9
 
 
+#: logits-chunk rows of the --budgets sweep (budget = rows * V * 2 bytes, kept up to 3 GiB)
+BUDGET_ROWS = [16, 32, 64, 128, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 2560, 3072,
+               4096, 5120, 6144, 8192]  # fmt: skip
+MAX_BUDGET = 3 * GiB
+
+
+def budget_points(n: int, v: int, min_rows: int) -> list[tuple[int, int]]:
+    """(budget bytes, rows per chunk) of the sweep: distinct chunk plans, budgets <= 3 GiB."""
+    out, seen = [], set()
+    for r in sorted({min_rows} | {r for r in BUDGET_ROWS if r >= min_rows}):
+        b = r * v * 2
+        if b > MAX_BUDGET:
+            break
+        rows = plan_rows(n, v, 2, b)
+        if rows not in seen:
+            seen.add(rows)
+            out.append((b, rows))
+    return out
+
+
+def run_budgets(args, result):
+    """kassay at every budget of the sweep and each peer once, per target shape."""
+    curve, peers = [], []
+    skip = set(filter(None, args.skip.split(",")))
+    for n, h, v in SHAPES[:1] if args.quick else SHAPES:
+        x, w, t = make_inputs(n, h, v)
+        ref = reference(x, w, t)
+        torch.cuda.empty_cache()
+        for budget, rows in budget_points(n, v, args.min_rows):
+
+            def fn(x, w, t, _b=budget):
+                return fused_linear_cross_entropy(x, w, t, memory_budget_bytes=_b)
+
+            row = _point(fn, x, w, t, ref, n, h, v, "kassay")
+            row.update(budget_bytes=budget, rows_per_chunk=rows, chunks=-(-n // rows))
+            curve.append(row)
+        for name, fn in impls().items():
+            if name != "kassay" and name not in skip:
+                peers.append(_point(fn, x, w, t, ref, n, h, v, name))
+        del x, w, t, ref
+        gc.collect()
+        torch.cuda.empty_cache()
+    result["curve"] = curve
+    result["peers"] = peers
+    result["verdicts"] = curve_verdicts(curve, peers)
+    for line in result["verdicts"]:
+        print(line)
+
+
+def _point(fn, x, w, t, ref, n, h, v, name):
+    try:
+        ms, peak, errs = measure(fn, x, w, t, ref)
+        row = {"N": n, "H": h, "V": v, "impl": name, "ms": ms, "peak_extra_gib": peak}
+        row.update(tflops=6 * n * h * v / ms / 1e9, rel_l2=errs)
+    except Exception as e:  # a peer that fails (or runs out of memory) is a point too
+        row = {"N": n, "H": h, "V": v, "impl": name, "error": repr(e)[:300]}
+    print(json.dumps(row), flush=True)
+    gc.collect()
+    torch.cuda.empty_cache()
+    return row
+
+
+def curve_verdicts(curve, peers):
+    """For each peer point: kassay's fastest point at no more memory than the peer's, and
+    whether it is faster (the question the curve answers)."""
+    lines = []
+    for p in peers:
+        if "error" in p:
+            lines.append(f"{p['N']},{p['H']},{p['V']} {p['impl']}: error {p['error'][:80]}")
+            continue
+        mine = [
+            c
+            for c in curve
+            if "error" not in c
+            and (c["N"], c["H"], c["V"]) == (p["N"], p["H"], p["V"])
+            and c["peak_extra_gib"] <= p["peak_extra_gib"]
+        ]
+        head = f"{p['N']},{p['H']},{p['V']} vs {p['impl']} ({p['ms']:.1f} ms, "
+        head += f"{p['peak_extra_gib']:.2f} GiB): "
+        if not mine:
+            lines.append(head + "kassay has no point at this memory or less")
+            continue
+        best = min(mine, key=lambda c: c["ms"])
+        verdict = "faster" if best["ms"] < p["ms"] else "NOT faster"
+        lines.append(
+            head + f"kassay {verdict}: {best['ms']:.1f} ms at {best['peak_extra_gib']:.2f} GiB "
+            f"({best['rows_per_chunk']}-row chunks, {p['ms'] / best['ms']:.2f}x)"
+        )
+    return lines
+
+
+def run_ab(args, result):
+    """kassay's default call at both target shapes: `--ab-repeats` do_bench medians each."""
+    rows = []
+    for n, h, v in SHAPES:
+        x, w, t = make_inputs(n, h, v)
+        xr = x.detach().clone().requires_grad_()
+        wr = w.detach().clone().requires_grad_()
+
+        def step(xr=xr, wr=wr, t=t):
+            fused_linear_cross_entropy(xr, wr, t).backward()
+
+        step()
+        torch.cuda.synchronize()
+        samples = [
+            do_bench(step, warmup=100, rep=1000, grad_to_none=[xr, wr], return_mode="median")
+            for _ in range(args.ab_repeats)
+        ]
+        row = {"N": n, "H": h, "V": v, "impl": "kassay", "ms_samples": samples}
+        row["ms"] = sorted(samples)[len(samples) // 2]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del x, w, t, xr, wr
+        gc.collect()
+        torch.cuda.empty_cache()
+    result["ab"] = rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="flce-bench.json")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated impls to skip")
+    ap.add_argument("--budgets", action="store_true", help="the time-memory curve (see above)")
+    ap.add_argument("--min-rows", type=int, default=16, help="--budgets: smallest chunk, rows")
+    ap.add_argument("--ab", action="store_true", help="kassay's default call only (A/B)")
+    ap.add_argument("--ab-repeats", type=int, default=5)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     t_start = time.time()
@@ -156,6 +287,11 @@ def main():
         "flop_model": "6*N*H*V",
         "inputs": "x~N(0,1), W~N(0,1/H), bf16; 10% of targets = ignore_index; reduction mean",
     }
+    if args.ab or args.budgets:
+        (run_ab if args.ab else run_budgets)(args, result)
+        result["wall_s"] = time.time() - t_start
+        save_json(result, args.out)
+        return
     ceil = matmul_ceiling()
     result["matmul_ceiling_tflops"] = ceil
     print(f"bf16 matmul ceiling {ceil:.0f} TFLOP/s")

@@ -58,6 +58,22 @@ def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / nb) if nb > 0 else float(a.norm())
 
 
+def assert_baseline_policy(ref, eag, got, x_dtype, factor: float, floor: float) -> None:
+    """For each output of run_grads: kassay's dtype, shape, finiteness, exact zeros where the
+    reference is zero, and rel-L2(kassay) <= factor * rel-L2(eager) + floor."""
+    for name, r, e, k in zip(OUTPUT_NAMES, ref, eag, got, strict=True):
+        if r is None:
+            continue
+        assert k.dtype == (torch.float32 if name in ("loss", "z_loss") else x_dtype), name
+        assert k.shape == r.shape, name
+        assert torch.isfinite(k).all(), name
+        if float(r.abs().max()) == 0.0:
+            assert float(k.abs().max()) == 0.0, f"{name}: expected exact zeros"
+            continue
+        ek, ee = rel_l2(k, r), rel_l2(e, r)
+        assert ek <= factor * ee + floor, f"{name}: kassay {ek:.3e} vs eager {ee:.3e}"
+
+
 def check_against_reference(
     x, w, t, b, go, *, ls, red, cap, zls, budget=None, factor=1.5, floor=0.0
 ) -> None:
@@ -77,14 +93,76 @@ def check_against_reference(
         ),
         x, w, t, b, go,
     )  # fmt: skip
-    for name, r, e, k in zip(OUTPUT_NAMES, ref, eag, got, strict=True):
-        if r is None:
-            continue
-        assert k.dtype == (torch.float32 if name in ("loss", "z_loss") else x.dtype), name
-        assert k.shape == r.shape, name
-        assert torch.isfinite(k).all(), name
-        if float(r.abs().max()) == 0.0:
-            assert float(k.abs().max()) == 0.0, f"{name}: expected exact zeros"
-            continue
-        ek, ee = rel_l2(k, r), rel_l2(e, r)
-        assert ek <= factor * ee + floor, f"{name}: kassay {ek:.3e} vs eager {ee:.3e}"
+    assert_baseline_policy(ref, eag, got, x.dtype, factor, floor)
+
+
+# ---- the options Liger-Kernel names (issue 21): class weights, token scaling, token accuracy
+
+
+def options_loss_fn(x, w, t, b, *, cw=None, ls=0.0, red="mean", cap=None, zls=0.0, ts=False):
+    """Eager formula with torch's own weighted cross-entropy: F.cross_entropy(weight=cw,
+    label_smoothing=ls) per row; z-loss unweighted; token scaling multiplies each row's loss
+    (z-loss included) by its detached target probability; mean divides the CE part by the sum
+    of the non-ignored targets' weights (0/0 = 0) and the z-loss part by the row count."""
+    z = F.linear(x, w, b)
+    if z.dtype != torch.float64:
+        z = z.float()
+    if cap is not None:
+        z = cap * torch.tanh(z / cap)
+    valid = t != II
+    safe = torch.where(valid, t, 0)
+    cwz = None if cw is None else cw.to(z.dtype)
+    rows = F.cross_entropy(z, t, weight=cwz, ignore_index=II, label_smoothing=ls, reduction="none")
+    lse = torch.logsumexp(z, -1)
+    zl = zls * lse**2 * valid
+    if ts:
+        p_t = torch.exp(z.gather(1, safe[:, None])[:, 0] - lse).detach()
+        rows, zl = rows * p_t, zl * p_t
+    if red == "none":
+        return rows + zl, zl
+    if red == "sum":
+        return rows.sum() + zl.sum(), zl.sum()
+    den = valid.sum().to(z.dtype) if cwz is None else (cwz[safe] * valid).sum()
+    nv = valid.sum().clamp_min(1)
+    ce = rows.sum() / den if float(den) != 0 else rows.sum() * 0.0
+    return ce + zl.sum() / nv, zl.sum() / nv
+
+
+def argmax_hits(x, w, t, b, cap=None):
+    """[N] float64 1.0 where the float64 logits' argmax (first maximal column) is the target."""
+    z = F.linear(x.double(), w.double(), None if b is None else b.double())
+    if cap is not None:
+        z = cap * torch.tanh(z / cap)
+    return ((z.argmax(-1) == t) & (t != II)).double()
+
+
+def check_options(
+    x, w, t, b, go, *, cw=None, ls=0.0, red="mean", cap=None, zls=0.0, ts=False, budget=None,
+    factor=1.5, floor=0.0, accum_dtype=None,
+):  # fmt: skip
+    """Reference (float64), eager (input dtype) and kassay with the options; asserts the
+    baseline policy on every output (loss, z_loss, grads) and returns kassay's output."""
+    d = torch.float64
+    cw64 = None if cw is None else cw.to(d)
+
+    def fn(cwx):
+        return lambda xx, ww, tt, bb: options_loss_fn(
+            xx, ww, tt, bb, cw=cwx, ls=ls, red=red, cap=cap, zls=zls, ts=ts
+        )
+
+    ref = run_grads(fn(cw64), x.to(d), w.to(d), t, None if b is None else b.to(d), go.to(d))
+    eag = run_grads(fn(cw), x, w, t, b, go)
+    holder = {}
+
+    def kassay(xx, ww, tt, bb):
+        out = flce_kernel()(
+            xx, ww, tt, bb, label_smoothing=ls, reduction=red, softcap=cap, z_loss_scale=zls,
+            return_z_loss=True, memory_budget_bytes=budget, ce_weight=cw, use_token_scaling=ts,
+            return_token_accuracy=True, accum_dtype=accum_dtype,
+        )  # fmt: skip
+        holder["out"] = out
+        return out.loss, out.z_loss
+
+    got = run_grads(kassay, x, w, t, b, go)
+    assert_baseline_policy(ref, eag, got, x.dtype, factor, floor)
+    return holder["out"]

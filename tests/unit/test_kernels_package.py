@@ -34,6 +34,7 @@ SERVICE_MODULES = (
 PUBLIC = [
     "DEFAULT_MEMORY_BUDGET_BYTES",
     "FlceConfig",
+    "FlceOutput",
     "FusedLinearCrossEntropyLoss",
     "MergeConfig",
     "fused_linear_cross_entropy",
@@ -86,6 +87,7 @@ def test_old_import_paths_keep_working():
     assert flce.FusedLinearCrossEntropyLoss is k.FusedLinearCrossEntropyLoss
     assert flce.DEFAULT_MEMORY_BUDGET_BYTES == k.DEFAULT_MEMORY_BUDGET_BYTES == 470 * 2**20
     assert flce.FlceConfig is k.FlceConfig
+    assert flce.FlceOutput is k.FlceOutput
     assert flce.plan_rows(8192, 128256, 2, flce.DEFAULT_MEMORY_BUDGET_BYTES) == 1792
     assert lse_merge.merge_states is k.merge_states and lse_merge.merge_state_ is k.merge_state_
     assert lse_merge.LaunchConfig is lse_merge.MergeConfig is k.MergeConfig

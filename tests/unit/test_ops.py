@@ -18,11 +18,25 @@ def _autograd_flce(inputs: dict, p) -> dict:
     if p.softcap is not None:
         z = p.softcap * torch.tanh(z / p.softcap)
     t = inputs["target"]
-    loss = F.cross_entropy(
-        z, t, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing, reduction=p.reduction
-    )
+    cw = inputs["ce_weight"].double() if p.ce_weight else None
     valid = (t != p.ignore_index).double()
-    zl = p.z_loss_scale * torch.logsumexp(z, -1) ** 2 * valid
+    if p.use_token_scaling:  # per row, times the detached target probability, then reduced
+        safe = torch.where(t != p.ignore_index, t, 0)
+        p_t = torch.softmax(z, -1).gather(1, safe[:, None])[:, 0].detach()
+        rows = F.cross_entropy(
+            z, t, weight=cw, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing,
+            reduction="none",
+        ) * p_t  # fmt: skip
+        den = valid.sum() if cw is None else (cw[safe] * valid).sum()
+        loss = rows if p.reduction == "none" else rows.sum()
+        loss = loss / den if p.reduction == "mean" else loss
+    else:  # torch's own (weighted) cross-entropy, its mean included
+        p_t = torch.ones_like(valid)
+        loss = F.cross_entropy(
+            z, t, weight=cw, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing,
+            reduction=p.reduction,
+        )  # fmt: skip
+    zl = p.z_loss_scale * torch.logsumexp(z, -1) ** 2 * valid * p_t
     zl = zl if p.reduction == "none" else zl.sum() / (valid.sum() if p.reduction == "mean" else 1.0)
     total = loss + zl
     total.backward(inputs["grad_output"].double().expand_as(total))
@@ -34,6 +48,9 @@ def _autograd_flce(inputs: dict, p) -> dict:
     }
     if b is not None:
         out["grad_bias"] = b.grad
+    if p.return_token_accuracy:
+        hits = (z.detach().argmax(-1) == t).double() * valid
+        out["token_accuracy"] = hits if p.reduction == "none" else hits.sum() / valid.sum()
     return out
 
 
@@ -50,6 +67,14 @@ def _autograd_flce(inputs: dict, p) -> dict:
             "return_z_loss": True,
         },
         {"bias": True, "label_smoothing": 0.2, "z_loss_scale": 0.01, "ignore_fraction": 0.5},
+        {"ce_weight": True, "ignore_fraction": 0.3},
+        {"ce_weight": True, "bias": True, "label_smoothing": 0.2, "reduction": "sum"},
+        {"ce_weight": True, "label_smoothing": 0.1, "z_loss_scale": 0.01, "reduction": "none"},
+        {"ce_weight": True, "label_smoothing": 0.1, "softcap": 4.0, "ignore_fraction": 0.2},
+        {"use_token_scaling": True, "label_smoothing": 0.1, "z_loss_scale": 0.01},
+        {"use_token_scaling": True, "ce_weight": True, "reduction": "none", "softcap": 3.0},
+        {"return_token_accuracy": True, "V": 5, "ignore_fraction": 0.3},
+        {"return_token_accuracy": True, "V": 5, "reduction": "none", "ce_weight": True},
     ],
 )
 def test_flce_reference_matches_torch_autograd_float64(opts: dict) -> None:
@@ -58,6 +83,9 @@ def test_flce_reference_matches_torch_autograd_float64(opts: dict) -> None:
     inputs = op.make_inputs(p, "normal", 3, CPU)
     ref = op.reference(inputs, p)
     want = _autograd_flce(inputs, p)
+    assert sorted(ref) == sorted(o.name for o in op.outputs(p)) and set(ref) <= set(want)
+    if p.return_token_accuracy:  # the count has signal: some rows hit, some miss
+        assert 0 < float(want["token_accuracy"].sum()) < float(want["token_accuracy"].numel())
     for name in ref:
         torch.testing.assert_close(ref[name], want[name], rtol=1e-10, atol=1e-12)
 

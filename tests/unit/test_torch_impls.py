@@ -25,6 +25,49 @@ def test_torch_compile_and_native_flce_pass() -> None:
     assert {k: v.status for k, v in res.items()} == dict.fromkeys(res, "passed")
 
 
+_OPTIONS = [
+    {"ce_weight": True, "ignore_fraction": 0.25},
+    {"ce_weight": True, "label_smoothing": 0.1, "bias": True, "reduction": "sum"},
+    {"ce_weight": True, "reduction": "none", "label_smoothing": 0.2},
+    {"accum_dtype": "float32", "bias": True},
+    {"use_token_scaling": True, "label_smoothing": 0.1, "z_loss_scale": 1e-3},
+    {"return_token_accuracy": True, "V": 5, "ignore_fraction": 0.25, "softcap": 4.0},
+]
+
+
+@pytest.mark.parametrize("opts", _OPTIONS)
+def test_liger_parity_options_pass_on_every_impl_that_takes_them(opts: dict) -> None:
+    # torch (the baseline), kassay (interpreter, float32) and torch_native where it has the
+    # option; torch_native declares token scaling/accuracy unsupported, and with its two
+    # options it passes (shown against the float64 reference by the engine)
+    impls = ["torch", "kassay"] + (["torch_native"] if hasattr(F, "linear_cross_entropy") else [])
+    res = _run("flce", {"N": 24, "H": 8, "V": 40, "dtype": "float32", **opts}, impls)
+    native = res.pop("torch_native", None)
+    assert {k: v.status for k, v in res.items()} == dict.fromkeys(res, "passed"), {
+        k: v.message for k, v in res.items()
+    }
+    if native is not None:
+        want = (
+            "unsupported"
+            if "use_token_scaling" in opts or "return_token_accuracy" in opts
+            else "passed"
+        )
+        assert native.status == want, native.message
+
+
+def test_a_loss_fn_without_ce_weight_cannot_run_weighted_cases() -> None:
+    from kassay.impls import flce_harness
+    from kassay.ops import get_op
+
+    def plain(x, w, t, b, p):  # an older plugin: no ce_weight keyword
+        return F.cross_entropy(F.linear(x, w, b).float(), t)
+
+    op = get_op("flce")
+    p = op.parse_params({"N": 4, "H": 4, "V": 8, "dtype": "float32", "ce_weight": True})
+    with pytest.raises(RuntimeError, match="takes no ce_weight"):
+        flce_harness.as_run(plain)(op.make_inputs(p, "normal", 0, torch.device("cpu")), p)
+
+
 def test_native_declares_what_it_cannot_do() -> None:
     res = _run(
         "flce",

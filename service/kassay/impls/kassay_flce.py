@@ -14,7 +14,12 @@ from kassay.ops.flce import FlceParams
 
 
 def _loss(
-    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    p: FlceParams,
+    ce_weight: torch.Tensor | None = None,
 ) -> Any:
     return fused_linear_cross_entropy(
         x,
@@ -27,6 +32,10 @@ def _loss(
         softcap=p.softcap,
         z_loss_scale=p.z_loss_scale,
         return_z_loss=p.return_z_loss,
+        ce_weight=ce_weight,
+        accum_dtype=torch.float32 if p.accum_dtype == "float32" else None,
+        use_token_scaling=p.use_token_scaling,
+        return_token_accuracy=p.return_token_accuracy,
     )
 
 

@@ -14,14 +14,33 @@ from kassay.impls import flce_harness
 from kassay.impls.registry import Impl, register
 from kassay.ops.flce import FlceParams
 
+#: FlceParams options -> the keyword of liger_fused_linear_cross_entropy that carries them
+_LIGER_OPTIONS = {
+    "ce_weight": "ce_weight",
+    "accum_dtype": "accum_dtype",
+    "use_token_scaling": "use_token_scaling",
+    "return_token_accuracy": "return_token_accuracy",
+}
 
-def _cuda_only(name: str):
-    def supports(p: FlceParams, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return f"{name} runs only on CUDA devices"
-        return None
 
-    return supports
+def _liger_keywords() -> set[str]:
+    import inspect
+
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return set(inspect.signature(liger_fused_linear_cross_entropy).parameters)
+
+
+def _liger_supports(p: FlceParams, device: torch.device) -> str | None:
+    """CUDA only; an option this Liger release has no keyword for is declared unsupported
+    (passed through otherwise: Liger's semantics are the op's for all four)."""
+    if device.type != "cuda":
+        return "Liger-Kernel runs only on CUDA devices"
+    asked = [k for k in _LIGER_OPTIONS if getattr(p, k)]
+    missing = [k for k in asked if _LIGER_OPTIONS[k] not in _liger_keywords()]
+    if missing:
+        return f"this Liger-Kernel release has no {', '.join(missing)}"
+    return None
 
 
 if importlib.util.find_spec("liger_kernel") is not None:
@@ -32,9 +51,19 @@ if importlib.util.find_spec("liger_kernel") is not None:
         target: torch.Tensor,
         b: torch.Tensor | None,
         p: FlceParams,
+        ce_weight: torch.Tensor | None = None,
     ) -> Any:
         from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
+        extra: dict[str, Any] = {}
+        if ce_weight is not None:
+            extra["ce_weight"] = ce_weight
+        if p.accum_dtype == "float32":
+            extra["accum_dtype"] = torch.float32
+        if p.use_token_scaling:
+            extra["use_token_scaling"] = True
+        if p.return_token_accuracy:
+            extra["return_token_accuracy"] = True
         res = liger_fused_linear_cross_entropy(
             x,
             w,
@@ -46,8 +75,11 @@ if importlib.util.find_spec("liger_kernel") is not None:
             reduction=p.reduction,
             softcap=p.softcap,
             return_z_loss=p.return_z_loss,
+            **extra,
         )
         if hasattr(res, "loss"):  # newer releases return a CrossEntropyOutput
+            if p.return_token_accuracy:
+                return res
             return (res.loss, res.z_loss) if p.return_z_loss else res.loss
         return res
 
@@ -57,7 +89,7 @@ if importlib.util.find_spec("liger_kernel") is not None:
             "liger",
             flce_harness.as_run(_liger),
             "Liger-Kernel LigerFusedLinearCrossEntropy",
-            _cuda_only("Liger-Kernel"),
+            _liger_supports,
             "peer",
         )
     )
@@ -70,6 +102,8 @@ if importlib.util.find_spec("cut_cross_entropy") is not None:
             return "Cut Cross-Entropy runs only on CUDA devices"
         if p.label_smoothing > 0 or p.z_loss_scale > 0 or p.return_z_loss:
             return "Cut Cross-Entropy has no label smoothing or z-loss"
+        if p.ce_weight or p.use_token_scaling or p.return_token_accuracy or p.accum_dtype:
+            return "Cut Cross-Entropy has no class weights, token scaling/accuracy or accum_dtype"
         if p.bias and not _cce_has_bias():
             return "this Cut Cross-Entropy release takes no bias"
         return None

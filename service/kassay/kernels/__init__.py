@@ -4,7 +4,8 @@
 
 Fused linear cross-entropy (forward and backward, chunked over rows, AMP-safe):
     fused_linear_cross_entropy, FusedLinearCrossEntropyLoss (an nn.Module), FlceConfig (frozen
-    tuning passed as `config=`), DEFAULT_MEMORY_BUDGET_BYTES.
+    tuning passed as `config=`), FlceOutput (what a call with return_token_accuracy returns),
+    DEFAULT_MEMORY_BUDGET_BYTES.
 Attention-state merge (softmax log-sum-exp correction, natural-log LSE):
     merge_state (two states into new tensors), merge_states (K states, one pass),
     merge_state_ (fold one state into an accumulator in place), MergeConfig (frozen launch
@@ -20,6 +21,7 @@ interpreter computes tl.dot on bfloat16 wrongly, so use float32 or float16 there
 from kassay.kernels.flce import (
     DEFAULT_MEMORY_BUDGET_BYTES,
     FlceConfig,
+    FlceOutput,
     FusedLinearCrossEntropyLoss,
     fused_linear_cross_entropy,
 )
@@ -28,6 +30,7 @@ from kassay.kernels.lse_merge import MergeConfig, merge_state, merge_state_, mer
 __all__ = [
     "DEFAULT_MEMORY_BUDGET_BYTES",
     "FlceConfig",
+    "FlceOutput",
     "FusedLinearCrossEntropyLoss",
     "MergeConfig",
     "fused_linear_cross_entropy",

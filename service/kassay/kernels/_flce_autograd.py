@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from kassay.kernels._flce_launch import (
+    INTERPRETED,
     _grads_fused_ok,
     _ieee_fp32_matmul,
     _launch_ce,
@@ -71,7 +72,15 @@ class _GradW:
             if factor is not None:
                 _scale_(acc, f.to(acc.dtype) if acc.dtype == torch.float64 else f, cfg=self.cfg)
             return acc
-        return (acc.float() * f).to(out_dtype) if factor is not None else acc.to(out_dtype)
+        # a float32 accumulator into a 16-bit gradient: one rounding of acc * f, and no float32
+        # temporary of V·H (acc.float() * f would add 4·V·H bytes to the peak)
+        out = torch.empty(acc.shape, dtype=out_dtype, device=acc.device)
+        fin = f.reshape(1).float().contiguous()
+        if acc.device.type == "cuda" or INTERPRETED:
+            _launch_finalize(acc, out, fin, cfg=self.cfg)
+        else:
+            out.copy_(acc * fin)
+        return out
 
 
 def _flce_pass(
@@ -92,7 +101,16 @@ def _flce_pass(
     w_out_dtype: torch.dtype,
     budget: int,
     cfg: FlceConfig,
+    cew: torch.Tensor | None = None,  # [V] float32 class weights
+    cew_sum: torch.Tensor | None = None,  # float32 [1]: their sum
+    zrow_scale: torch.Tensor | None = None,  # with cew: the z-loss factor, shaped as row_scale
+    token_scaling: bool = False,
+    want_accuracy: bool = False,
+    accum_f32: bool = False,  # grad_weight accumulated in float32 over the chunks
 ):
+    """One walk over the row chunks: per-row loss, z-loss, lse (and argmax hits with
+    want_accuracy), and the gradients asked for, scaled by row_scale (the class-weighted CE
+    part) and zrow_scale (the z-loss part; the same as row_scale without class weights)."""
     n, h = x.shape
     v = w.shape[0]
     dev = x.device
@@ -104,6 +122,7 @@ def _flce_pass(
     loss_rows = torch.empty(n, dtype=torch.float32, device=dev)
     zloss_rows = torch.empty(n, dtype=torch.float32, device=dev)
     lse_rows = torch.empty(n, dtype=torch.float32, device=dev)
+    acc_rows = torch.empty(n, dtype=torch.float32, device=dev) if want_accuracy else None
     grad_x = torch.empty((n, h), dtype=cdt, device=dev) if need_gx else None
     grad_b = torch.zeros(v, dtype=torch.float32, device=dev) if need_gb else None
 
@@ -113,13 +132,17 @@ def _flce_pass(
         if cdt == torch.float32:
             gw = _GradW("f32", torch.empty((v, h), dtype=cdt, device=dev), one, cfg)
         elif n_chunks == 1 and w_out_dtype == cdt:
+            # one cuBLAS GEMM: float32 accumulation and one rounding (also what accum_f32 asks)
             gw = _GradW("direct", torch.empty((v, h), dtype=cdt, device=dev), one, cfg)
+        elif accum_f32:
+            gw = _GradW("f32", torch.empty((v, h), dtype=torch.float32, device=dev), one, cfg)
         elif w_out_dtype == cdt and cfg.gw_accumulation == "cublas":
             gw = _GradW("cublas", torch.empty((v, h), dtype=cdt, device=dev), one, cfg)
         elif w_out_dtype == torch.bfloat16 and cdt == torch.bfloat16:
             s = _f16_accumulator_scale(
-                x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale, per_row_scale
-            )
+                x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale, per_row_scale,
+                cew, zrow_scale,
+            )  # fmt: skip
             acc16 = torch.empty((v, h), dtype=torch.float16, device=dev)
             gw = _GradW("f16s", acc16, s.reshape(1).float(), cfg)
         else:
@@ -151,6 +174,17 @@ def _flce_pass(
                 softcap=softcap,
                 compute_grad=compute_grad,
                 cfg=cfg,
+                cew=cew,
+                cew_sum=cew_sum,
+                zscale=(
+                    None
+                    if cew is None or zrow_scale is None
+                    else zrow_scale[r0:r1]
+                    if per_row_scale
+                    else zrow_scale
+                ),
+                acc=acc_rows[r0:r1] if acc_rows is not None else None,
+                token_scaling=token_scaling,
             )
             if not compute_grad:
                 continue
@@ -175,7 +209,7 @@ def _flce_pass(
                 else:
                     _accumulate_gw(gw, z, xc, first=i == 0)
     del zbuf
-    return loss_rows, zloss_rows, lse_rows, grad_x, gw, grad_b
+    return loss_rows, zloss_rows, lse_rows, grad_x, gw, grad_b, acc_rows
 
 
 def _accumulate_gw(gw: _GradW, z: torch.Tensor, xc: torch.Tensor, first: bool) -> None:
@@ -189,31 +223,51 @@ def _accumulate_gw(gw: _GradW, z: torch.Tensor, xc: torch.Tensor, first: bool) -
 
 
 def _f16_accumulator_scale(
-    x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale, per_row_scale
-) -> torch.Tensor:
+    x, w, b, target, ignore_index, z_loss_scale, softcap, row_scale, per_row_scale,
+    cew=None, zrow_scale=None,
+) -> torch.Tensor:  # fmt: skip
     """Power of two s with s·|grad_W| ≤ 2^15 guaranteed (float16 max is 65504), on device.
 
     |grad_W[v,h]| ≤ max|x| · Σ_n |g_n| · max_v |dlogits_nv / g_n|, and |dL/dz| ≤ 1 + 2·zls·|lse|
     (probabilities ≤ 1, label-smoothing targets ≤ 1, softcap derivative ≤ 1), with
     |lse_n| ≤ max_v |z_nv| + log V ≤ softcap + log V, or ‖x_n‖·max_v‖w_v‖ + max|b| + log V.
+    With class weights (max |w_c| = M; the z-loss scaled by gz_n): |dL/dz| ≤ 2·M·|g_n| +
+    2·zls·|lse|·|gz_n|. Token scaling multiplies both by a probability ≤ 1.
     """
     valid = (target != ignore_index).float()
-    if per_row_scale:
-        gsum = (row_scale.float().abs() * valid).sum()
-    else:
-        gsum = row_scale.float().abs().reshape(()) * valid.sum()
+
+    def gsum_of(rs: torch.Tensor) -> torch.Tensor:
+        if per_row_scale:
+            return (rs.float().abs() * valid).sum()
+        return rs.float().abs().reshape(()) * valid.sum()
+
+    gsum = gsum_of(row_scale)
     amax = x.abs().amax().float().clamp_min(1e-30)
+    if cew is not None:
+        m_w = cew.abs().amax().float()
+        gz = gsum_of(zrow_scale if zrow_scale is not None else row_scale)
+        bound = amax * (2.0 * m_w * gsum)
+        if z_loss_scale != 0.0:
+            bound = bound + amax * 2.0 * abs(z_loss_scale) * _lse_bound(x, w, b, softcap) * gz
+        return _pow2_scale(bound.clamp_min(1e-30))
     bound = amax * gsum.clamp_min(1e-30)
     if z_loss_scale != 0.0:
-        logv = math.log(w.shape[0])
-        if softcap is not None:
-            lmax = torch.tensor(abs(softcap) + logv, device=x.device)
-        else:
-            xn = x.float().norm(dim=1).amax()
-            wn = torch.stack([c.float().norm(dim=1).amax() for c in w.split(16384)]).amax()
-            bm = b.abs().amax().float() if b is not None else 0.0
-            lmax = xn * wn + bm + logv
-        bound = bound * (1.0 + 2.0 * abs(z_loss_scale) * lmax)
+        bound = bound * (1.0 + 2.0 * abs(z_loss_scale) * _lse_bound(x, w, b, softcap))
+    return _pow2_scale(bound)
+
+
+def _lse_bound(x, w, b, softcap) -> torch.Tensor:
+    """A bound on |lse| of every row (see `_f16_accumulator_scale`)."""
+    logv = math.log(w.shape[0])
+    if softcap is not None:
+        return torch.tensor(abs(softcap) + logv, device=x.device)
+    xn = x.float().norm(dim=1).amax()
+    wn = torch.stack([c.float().norm(dim=1).amax() for c in w.split(16384)]).amax()
+    bm = b.abs().amax().float() if b is not None else 0.0
+    return xn * wn + bm + logv
+
+
+def _pow2_scale(bound: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(32768.0 / bound))).clamp(2.0**-120, 2.0**120)
 
 
@@ -235,6 +289,7 @@ class _FLCEFunction(torch.autograd.Function):
         weight,
         target,
         bias,
+        ce_weight,
         ignore_index,
         label_smoothing,
         reduction,
@@ -244,6 +299,9 @@ class _FLCEFunction(torch.autograd.Function):
         budget,
         cfg,
         grad_enabled,
+        token_scaling,
+        want_accuracy,
+        accum_f32,
     ):
         dev_type = x.device.type
         with torch.autocast(dev_type, enabled=False):
@@ -261,10 +319,20 @@ class _FLCEFunction(torch.autograd.Function):
             need_gw = grad_enabled and ctx.needs_input_grad[1]
             need_gb = grad_enabled and bias is not None and ctx.needs_input_grad[3]
             defer = reduction == "none"
+            cew = cew_sum = None
+            if ce_weight is not None:
+                cew = ce_weight.detach().float().contiguous()
+                cew_sum = cew.sum().reshape(1)
             if reduction == "mean":
                 scale = (1.0 / n_valid.clamp_min(1.0)).reshape(1)
             else:
                 scale = torch.ones(1, dtype=torch.float32, device=xc.device)
+            zscale = scale
+            if cew is not None and reduction == "mean":
+                # torch's weighted mean: divide by the sum of the non-ignored targets' weights
+                # (0 when that sum is 0: every target ignored or weighted 0); z-loss per row
+                wsum = _target_weight_sum(cew, tgt, valid)
+                scale = torch.where(wsum != 0, 1.0 / wsum, torch.zeros_like(wsum)).reshape(1)
             common = dict(
                 ignore_index=ignore_index,
                 label_smoothing=label_smoothing,
@@ -272,27 +340,39 @@ class _FLCEFunction(torch.autograd.Function):
                 softcap=softcap,
                 budget=budget,
                 cfg=cfg,
+                cew=cew,
+                cew_sum=cew_sum,
+                token_scaling=token_scaling,
+                accum_f32=accum_f32,
             )
-            loss_rows, zl_rows, _lse, gx, gw, gb = _flce_pass(
+            loss_rows, zl_rows, _lse, gx, gw, gb, acc_rows = _flce_pass(
                 xc,
                 wc,
                 bc,
                 tgt,
                 row_scale=scale,
+                zrow_scale=zscale,
                 per_row_scale=False,
                 need_gx=need_gx and not defer,
                 need_gw=need_gw and not defer,
                 need_gb=need_gb and not defer,
                 w_out_dtype=weight.dtype,
+                want_accuracy=want_accuracy,
                 **common,
             )
             if reduction == "none":
                 loss, zl = loss_rows, zl_rows
             elif reduction == "sum":
                 loss, zl = loss_rows.sum(), zl_rows.sum()
+            elif cew is not None:
+                zl = zl_rows.sum() * zscale.reshape(())
+                loss = (loss_rows.sum() - zl_rows.sum()) * scale.reshape(()) + zl
             else:
                 loss = loss_rows.sum() / n_valid.clamp_min(1.0)
                 zl = zl_rows.sum() / n_valid.clamp_min(1.0)
+            acc = None
+            if acc_rows is not None:
+                acc = acc_rows if reduction == "none" else acc_rows.sum() / n_valid.clamp_min(1.0)
         ctx.defer = defer
         ctx.common = common
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
@@ -302,23 +382,25 @@ class _FLCEFunction(torch.autograd.Function):
             ctx.save_for_backward(xc, wc, bc, tgt)
         else:
             ctx.saved = (gx, gw, gb)
-        ctx.mark_non_differentiable(zl)
-        return loss, zl
+        # acc stays None unless asked: no extra allocation or launch on the default path
+        ctx.mark_non_differentiable(zl, *([acc] if acc is not None else []))
+        return loss, zl, acc
 
     @staticmethod
-    def backward(ctx: Any, grad_loss, _grad_zl):
+    def backward(ctx: Any, grad_loss, _grad_zl, _grad_acc):
         x_dt, w_dt, b_dt = ctx.dtypes
         need_gx, need_gw, need_gb = ctx.needs
         if ctx.defer:
             xc, wc, bc, tgt = ctx.saved_tensors
             with torch.autocast(xc.device.type, enabled=False):
                 go = grad_loss.reshape(-1).float().contiguous()
-                _l, _z, _s, gx, gw, gb = _flce_pass(
+                _l, _z, _s, gx, gw, gb, _a = _flce_pass(
                     xc,
                     wc,
                     bc,
                     tgt,
                     row_scale=go,
+                    zrow_scale=go,
                     per_row_scale=True,
                     need_gx=need_gx,
                     need_gw=need_gw,
@@ -339,5 +421,13 @@ class _FLCEFunction(torch.autograd.Function):
             grad_w = gw.finalize(factor, w_dt)
         if need_gb and gb is not None:
             grad_b = (gb if factor is None else gb * factor).to(b_dt)
-        # one gradient per forward input: x, weight, target, bias, then 9 options
-        return grad_x, grad_w, None, grad_b, *([None] * 9)
+        # one gradient per forward input: x, weight, target, bias, ce_weight (none: torch's
+        # cross_entropy gives class weights no gradient either), then 12 options
+        return grad_x, grad_w, None, grad_b, None, *([None] * 12)
+
+
+def _target_weight_sum(cew: torch.Tensor, tgt: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Σ over non-ignored rows of cew[target], float32 scalar (out-of-range targets, reported
+    by the caller, are clamped here to stay in bounds)."""
+    idx = torch.where(valid, tgt, torch.zeros_like(tgt)).clamp(0, cew.shape[0] - 1)
+    return (cew[idx] * valid).sum()

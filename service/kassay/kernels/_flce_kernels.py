@@ -113,12 +113,19 @@ def _ce_rows_kernel(
     softcap,
     n_rows,
     row_step,  # grid stride over the rows: the grid size (one row per program if it is n_rows)
+    cew_ptr,  # HAS_WEIGHT: [V] float32 class weights (ce_weight); else None
+    cew_sum_ptr,  # HAS_WEIGHT: float32 [1], the sum of all V class weights; else None
+    zscale_ptr,  # HAS_WEIGHT: the z-loss term's row factor (strided like scale); else None
+    acc_ptr,  # ACCURACY: [n_rows] float32, 1.0 where argmax(row) == target (valid rows); else None
     HAS_SOFTCAP: tl.constexpr,
     HAS_LS: tl.constexpr,  # label_smoothing != 0: the row's sum of logits is needed
     COMPUTE_GRAD: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PAIR: tl.constexpr,
     HINTS: tl.constexpr,  # L2 eviction hints (see CE_L2_HINTS)
+    HAS_WEIGHT: tl.constexpr = False,  # per-class weights (ce_weight)
+    TOKEN_SCALING: tl.constexpr = False,  # row loss and gradient times p(target), detached
+    ACCURACY: tl.constexpr = False,  # write acc_ptr (argmax found in pass 1)
 ):
     # Instruction count matters here: on the H200 this kernel kept 70% of the issue slots busy
     # at V = 128256 (ncu), so the full steps of a row run without masks, in-row offsets are
@@ -129,6 +136,8 @@ def _ce_rows_kernel(
     # probabilities by 1e-4, ten times a float32 baseline's error; 16-bit logits round far
     # coarser than that, so they keep the one-FMA form.
     EXACT: tl.constexpr = z_ptr.dtype.element_ty == tl.float32
+    # label smoothing with class weights: pass 1 sums w_v * z_v, pass 2 subtracts eg * w_v
+    LSW: tl.constexpr = HAS_LS and HAS_WEIGHT
     v_full = (V // STEP) * STEP  # columns covered by unmasked steps; the rest is one tail step
     cols = tl.arange(0, BLOCK_V)
     for r in range(tl.program_id(0), n_rows, row_step):
@@ -144,17 +153,23 @@ def _ce_rows_kernel(
         m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
         s_vec = tl.zeros([BLOCK_V], tl.float32)
         sum_z = tl.zeros([BLOCK_V], tl.float32)
+        idx_vec = tl.zeros([BLOCK_V], tl.int32)  # ACCURACY: per lane, first column of its max
         for v0 in range(0, v_full, STEP):
-            m_vec, s_vec, sum_z = _ce_stats_step(
-                z_row, v0, cols, V, m_vec, s_vec, sum_z, softcap,
-                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False, HINTS, EXACT,
+            m_vec, s_vec, sum_z, idx_vec = _ce_stats_step(
+                z_row, v0, cols, V, m_vec, s_vec, sum_z, idx_vec, softcap, cew_ptr,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False, HINTS, EXACT, LSW, ACCURACY,
             )  # fmt: skip
         if v_full < V:
-            m_vec, s_vec, sum_z = _ce_stats_step(
-                z_row, v_full, cols, V, m_vec, s_vec, sum_z, softcap,
-                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, True, HINTS, EXACT,
+            m_vec, s_vec, sum_z, idx_vec = _ce_stats_step(
+                z_row, v_full, cols, V, m_vec, s_vec, sum_z, idx_vec, softcap, cew_ptr,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, True, HINTS, EXACT, LSW, ACCURACY,
             )  # fmt: skip
         m = tl.max(m_vec, axis=0)
+        if ACCURACY:
+            # the first column holding the row max (torch.argmax's tie rule): the smallest of
+            # the lanes' first columns among the lanes whose max is the row max
+            am = tl.min(tl.where(m_vec == m, idx_vec, V), axis=0)
+            tl.store(acc_ptr + row, tl.where(valid & (am == tgt), 1.0, 0.0))
         s = tl.sum(s_vec * tl.exp2((m_vec - m) * LOG2E), axis=0)
         log_s = tl.log(s)
         lse = m + log_s
@@ -164,8 +179,21 @@ def _ce_rows_kernel(
         if HAS_SOFTCAP:
             z_t = softcap * _tanh(z_t / softcap)
         eps_v = label_smoothing / V
-        loss = lse - (1.0 - label_smoothing) * z_t - eps_v * zsum
+        if HAS_WEIGHT:
+            # torch's weighted CE with label smoothing, per row:
+            # (1-ε)·w_t·(lse - z_t) + (ε/V)·Σ_v w_v·(lse - z_v); the z-loss is not weighted
+            w_t = tl.load(cew_ptr + tgt_safe).to(tl.float32)
+            w_sum = tl.load(cew_sum_ptr).to(tl.float32)
+            loss = (1.0 - label_smoothing) * w_t * (lse - z_t) + eps_v * (w_sum * lse - zsum)
+        else:
+            loss = lse - (1.0 - label_smoothing) * z_t - eps_v * zsum
         zl = z_loss_scale * lse * lse
+        if TOKEN_SCALING:
+            # Liger's use_token_scaling: the row's loss (z-loss included) times the detached
+            # probability of its target; the gradient below gets the same factor
+            p_t = tl.exp(z_t - lse)
+            loss = loss * p_t
+            zl = zl * p_t
         loss = tl.where(valid, loss + zl, 0.0)
         zl = tl.where(valid, zl, 0.0)
         tl.store(loss_ptr + row, loss)
@@ -175,23 +203,37 @@ def _ce_rows_kernel(
         if COMPUTE_GRAD:
             g = tl.load(scale_ptr + row * stride_scale).to(tl.float32)
             g = tl.where(valid, g, 0.0)
-            # dloss/dz = g * (p * coef - eps/V - (1 - eps) * onehot), p = exp2(z log2e - lse log2e),
-            # coef = 1 + 2 zls lse (d/dz [lse + zls lse^2] = p * coef)
-            cg = (1.0 + 2.0 * z_loss_scale * lse) * g
-            eg = eps_v * g
-            tg = (1.0 - label_smoothing) * g
+            if TOKEN_SCALING:
+                g = g * p_t
+            if HAS_WEIGHT:
+                # g scales the weighted CE, gz the z-loss (mean: 1/Σ w_t and 1/rows):
+                # dloss/dz_v = cg * p_v - eg * w_v - tg * onehot_v
+                gz = tl.load(zscale_ptr + row * stride_scale).to(tl.float32)
+                gz = tl.where(valid, gz, 0.0)
+                if TOKEN_SCALING:
+                    gz = gz * p_t
+                cg = ((1.0 - label_smoothing) * w_t + eps_v * w_sum) * g
+                cg += 2.0 * z_loss_scale * lse * gz
+                eg = eps_v * g
+                tg = (1.0 - label_smoothing) * w_t * g
+            else:
+                # dloss/dz = g * (p * coef - eps/V - (1 - eps) * onehot), p = exp2(z log2e - lse
+                # log2e), coef = 1 + 2 zls lse (d/dz [lse + zls lse^2] = p * coef)
+                cg = (1.0 + 2.0 * z_loss_scale * lse) * g
+                eg = eps_v * g
+                tg = (1.0 - label_smoothing) * g
             # what _ce_grad_block subtracts: z - m - log_s keeps the digits lse = m + log_s
             # loses at |m| ~ 1e3 (EXACT), else z * log2e - lse * log2e in one FMA
             lse2 = m if EXACT else lse * LOG2E
             for v0 in range(0, v_full, STEP):
                 _ce_grad_step(
-                    z_row, v0, cols, V, tgt_safe - v0, lse2, log_s, cg, eg, tg, softcap,
-                    HAS_SOFTCAP, PAIR, BLOCK_V, False, HINTS, EXACT,
+                    z_row, v0, cols, V, tgt_safe - v0, lse2, log_s, cg, eg, tg, softcap, cew_ptr,
+                    HAS_SOFTCAP, PAIR, BLOCK_V, False, HINTS, EXACT, LSW,
                 )  # fmt: skip
             if v_full < V:
                 _ce_grad_step(
                     z_row, v_full, cols, V, tgt_safe - v_full, lse2, log_s, cg, eg, tg, softcap,
-                    HAS_SOFTCAP, PAIR, BLOCK_V, True, HINTS, EXACT,
+                    cew_ptr, HAS_SOFTCAP, PAIR, BLOCK_V, True, HINTS, EXACT, LSW,
                 )  # fmt: skip
 
 
@@ -216,12 +258,15 @@ def _ce_load(
 
 @triton.jit
 def _ce_stats_step(
-    z_row, v0, cols, V, m_vec, s_vec, sum_z, softcap,
+    z_row, v0, cols, V, m_vec, s_vec, sum_z, idx_vec, softcap, cew_ptr,
     HAS_SOFTCAP: tl.constexpr, HAS_LS: tl.constexpr, PAIR: tl.constexpr,
     BLOCK_V: tl.constexpr, MASKED: tl.constexpr, HINTS: tl.constexpr, EXACT: tl.constexpr,
+    LSW: tl.constexpr, ARGMAX: tl.constexpr,
 ):  # fmt: skip
     """Pass-1 update of the per-lane (max, sum of exp, sum of logits) by one (pair of) block(s)
-    at column v0; masked lanes hold -inf (no exp mass) and add 0 to the logits sum."""
+    at column v0; masked lanes hold -inf (no exp mass) and add 0 to the logits sum. LSW: the
+    logits sum is weighted by the class weights at cew_ptr. ARGMAX: idx_vec keeps each lane's
+    first column of its max (strict >: a later equal value does not move it)."""
     EVICT: tl.constexpr = "evict_last" if HINTS else ""
     za = _ce_load(z_row, v0 + cols, V, softcap, HAS_SOFTCAP, MASKED, EVICT)
     if PAIR:
@@ -230,6 +275,15 @@ def _ce_stats_step(
     else:
         zb = za
         m_new = tl.maximum(m_vec, za)
+    if ARGMAX:
+        if PAIR:  # za's column comes first: it wins a tie with zb
+            b_wins = zb > za
+            best = tl.where(b_wins, zb, za)
+            best_idx = tl.where(b_wins, v0 + BLOCK_V + cols, v0 + cols)
+        else:
+            best = za
+            best_idx = v0 + cols
+        idx_vec = tl.where(best > m_vec, best_idx, idx_vec)
     # lanes still at -inf (never saw a finite column) keep s = 0 without NaN
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     if EXACT:
@@ -243,7 +297,14 @@ def _ce_stats_step(
         if PAIR:
             e += tl.exp2(zb * LOG2E - m2)
         s_vec = s_vec * tl.exp2(m_vec * LOG2E - m2) + e
-    if HAS_LS:
+    if LSW:
+        # masked lanes: w = 0 and z = -inf, so z is zeroed before the product (no NaN)
+        wa = _cew_load(cew_ptr, v0 + cols, V, MASKED)
+        sum_z += tl.where(wa != 0.0, za, 0.0) * wa
+        if PAIR:
+            wb = _cew_load(cew_ptr, v0 + BLOCK_V + cols, V, MASKED)
+            sum_z += tl.where(wb != 0.0, zb, 0.0) * wb
+    elif HAS_LS:
         if MASKED:
             sum_z += tl.where(v0 + cols < V, za, 0.0)
             if PAIR:
@@ -252,43 +313,55 @@ def _ce_stats_step(
             sum_z += za
             if PAIR:
                 sum_z += zb
-    return m_new, s_vec, sum_z
+    return m_new, s_vec, sum_z, idx_vec
+
+
+@triton.jit
+def _cew_load(cew_ptr, offs, V, MASKED: tl.constexpr):
+    """One block of the float32 class weights (0 past V when MASKED)."""
+    if MASKED:
+        return tl.load(cew_ptr + offs, mask=offs < V, other=0.0)
+    return tl.load(cew_ptr + offs)
 
 
 @triton.jit
 def _ce_grad_step(
-    z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap,
+    z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap, cew_ptr,
     HAS_SOFTCAP: tl.constexpr, PAIR: tl.constexpr, BLOCK_V: tl.constexpr, MASKED: tl.constexpr,
-    HINTS: tl.constexpr, EXACT: tl.constexpr,
+    HINTS: tl.constexpr, EXACT: tl.constexpr, LSW: tl.constexpr,
 ):  # fmt: skip
     """Pass 2 on one (pair of) block(s) at column v0: dlogits written over the logits.
     tgt_rel: the target's column minus v0."""
     _ce_grad_block(
-        z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap,
-        HAS_SOFTCAP, MASKED, HINTS, EXACT,
+        z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap, cew_ptr,
+        HAS_SOFTCAP, MASKED, HINTS, EXACT, LSW,
     )  # fmt: skip
     if PAIR:
         _ce_grad_block(
             z_row, v0 + BLOCK_V, cols, V, tgt_rel - BLOCK_V, lse2, log_s, cg, eg, tg, softcap,
-            HAS_SOFTCAP, MASKED, HINTS, EXACT,
+            cew_ptr, HAS_SOFTCAP, MASKED, HINTS, EXACT, LSW,
         )  # fmt: skip
 
 
 @triton.jit
 def _ce_grad_block(
-    z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap,
+    z_row, v0, cols, V, tgt_rel, lse2, log_s, cg, eg, tg, softcap, cew_ptr,
     HAS_SOFTCAP: tl.constexpr, MASKED: tl.constexpr, HINTS: tl.constexpr, EXACT: tl.constexpr,
+    LSW: tl.constexpr,
 ):  # fmt: skip
     """g · (p·coef − ε/V − (1−ε)·onehot) · (1 − tanh²) (the last factor with softcap only) of
-    one block, as cg · p − eg − tg · onehot. lse2: the row max m (EXACT, with log_s: lse =
-    m + log_s) or lse·log2e."""
+    one block, as cg · p − eg − tg · onehot (LSW: cg · p − eg · w_v − tg · onehot, w the class
+    weights). lse2: the row max m (EXACT, with log_s: lse = m + log_s) or lse·log2e."""
     EVICT: tl.constexpr = "evict_first" if HINTS else ""
     offs = v0 + cols
     zc = _ce_load(z_row, offs, V, softcap, HAS_SOFTCAP, MASKED, EVICT)
+    egw = eg
+    if LSW:
+        egw = eg * _cew_load(cew_ptr, offs, V, MASKED)
     if EXACT:
-        d = tl.exp2(((zc - lse2) - log_s) * LOG2E) * cg - eg
+        d = tl.exp2(((zc - lse2) - log_s) * LOG2E) * cg - egw
     else:
-        d = tl.exp2(zc * LOG2E - lse2) * cg - eg
+        d = tl.exp2(zc * LOG2E - lse2) * cg - egw
     d = tl.where(cols == tgt_rel, d - tg, d)
     if HAS_SOFTCAP:
         th = zc / softcap

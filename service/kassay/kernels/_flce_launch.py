@@ -84,12 +84,23 @@ def _launch_ce(
     compute_grad,
     programs: int | None = None,
     cfg: FlceConfig = DEFAULT_CONFIG,
+    cew: torch.Tensor | None = None,
+    cew_sum: torch.Tensor | None = None,
+    zscale: torch.Tensor | None = None,
+    acc: torch.Tensor | None = None,
+    token_scaling: bool = False,
 ):
     """Cross-entropy of a logits chunk z [n, V] (16-bit or float32), dlogits written over it.
 
     programs: grid size (rows are taken with a grid stride); default from cfg's GPU launch
     configs (one program per row under the interpreter). cfg.ce_pair: two blocks per loop
-    step; cfg.ce_l2_hints: L2 eviction hints."""
+    step; cfg.ce_l2_hints: L2 eviction hints.
+
+    Options, each its own constexpr specialisation (left at None/False, the kernel compiles as
+    without them): cew [V] float32 class weights with cew_sum float32 [1] (their sum) and
+    zscale (the z-loss row factor, shaped like scale); acc [n] float32 written with 1.0 where
+    the row's argmax is its (non-ignored) target; token_scaling: each row's loss and gradient
+    times its detached target probability."""
     n = z.shape[0]
     if n == 0:
         return
@@ -124,12 +135,19 @@ def _launch_ce(
         float(softcap) if softcap is not None else 1.0,
         n,
         grid,
+        cew,
+        cew_sum,
+        zscale,
+        acc,
         HAS_SOFTCAP=softcap is not None,
         HAS_LS=label_smoothing != 0.0,
         COMPUTE_GRAD=compute_grad,
         BLOCK_V=block_v,
         PAIR=cfg.ce_pair,
         HINTS=cfg.ce_l2_hints,
+        HAS_WEIGHT=cew is not None,
+        TOKEN_SCALING=token_scaling,
+        ACCURACY=acc is not None,
         num_warps=num_warps,
     )
 

@@ -6,6 +6,15 @@ With softcap c: z <- c * tanh(z / c). With z-loss scale s: every non-ignored row
 (1 - eps) * (lse - z[y]) + eps * (lse - mean_j z_j). Reduction mean divides by the number of
 non-ignored rows and defines 0/0 as 0 (every target ignored: loss 0, gradients 0).
 
+Options as Liger-Kernel names them: `ce_weight` (per-class weights c [V], float32, seeded: the
+row loss is torch's weighted CE, (1 - eps) * c[y] * (lse - z[y]) + (eps / V) * sum_j c_j *
+(lse - z_j), and mean divides by the sum of c[y] over non-ignored rows, 0/0 = 0; the z-loss
+stays unweighted, its mean over the non-ignored rows), `accum_dtype` ("float32": grad_weight
+accumulated in float32; the truth is the same, the tolerance is what tells), `use_token_scaling`
+(each row's loss and gradient times the detached probability of its target) and
+`return_token_accuracy` (an output `token_accuracy`: the fraction of non-ignored rows whose
+argmax is the target, ties to the first column; [N] 0/1 flags for reduction none).
+
 Gradients are taken with upstream grad_output = 1 for mean/sum, and a seeded random [N] vector for
 reduction none (so an impl that scales every row by grad_output[0] is caught).
 
@@ -40,6 +49,10 @@ class FlceParams(OpParams):
     softcap: float | None = Field(None, gt=0.0)
     z_loss_scale: float = Field(0.0, ge=0.0)
     return_z_loss: bool = False
+    ce_weight: bool = False
+    accum_dtype: Literal["float32"] | None = None
+    use_token_scaling: bool = False
+    return_token_accuracy: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> FlceParams:
@@ -95,6 +108,9 @@ class FlceOp(Op):
         outs = [OutputSpec("loss", "float32", reduction=loss_len, precision_name=c)]
         if p.return_z_loss:
             outs.append(OutputSpec("z_loss", "float32", reduction=loss_len, precision_name=c))
+        if p.return_token_accuracy:
+            # a count of argmax hits: the logits' rounding to c decides near-ties
+            outs.append(OutputSpec("token_accuracy", "float32", reduction=p.N, precision_name=c))
         for name, n in (("grad_input", p.V), ("grad_weight", p.N)) + (
             (("grad_bias", p.N),) if p.bias else ()
         ):
@@ -121,7 +137,7 @@ class FlceOp(Op):
         return self._param_bytes(params) + loss_bytes
 
     def input_bytes(self, params: FlceParams) -> int:
-        return self._param_bytes(params) + params.N * 12
+        return self._param_bytes(params) + params.N * 12 + (params.V * 4 if params.ce_weight else 0)
 
     def reference_bytes(self, params: FlceParams) -> int:
         p = params

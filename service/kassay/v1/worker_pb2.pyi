@@ -96,6 +96,10 @@ class FlceParams(_message.Message):
     SOFTCAP_FIELD_NUMBER: _builtins.int
     Z_LOSS_SCALE_FIELD_NUMBER: _builtins.int
     RETURN_Z_LOSS_FIELD_NUMBER: _builtins.int
+    CE_WEIGHT_FIELD_NUMBER: _builtins.int
+    ACCUM_DTYPE_FIELD_NUMBER: _builtins.int
+    USE_TOKEN_SCALING_FIELD_NUMBER: _builtins.int
+    RETURN_TOKEN_ACCURACY_FIELD_NUMBER: _builtins.int
     N: _builtins.int
     """rows (tokens), > 0; required"""
     H: _builtins.int
@@ -122,6 +126,14 @@ class FlceParams(_message.Message):
     """>= 0, default 0"""
     return_z_loss: _builtins.bool
     """default false"""
+    ce_weight: _builtins.bool
+    """seeded per-class weights [V] (default false)"""
+    accum_dtype: _builtins.str
+    """float32; absent: the impl's default accumulation"""
+    use_token_scaling: _builtins.bool
+    """default false"""
+    return_token_accuracy: _builtins.bool
+    """default false"""
     def __init__(
         self,
         *,
@@ -138,10 +150,14 @@ class FlceParams(_message.Message):
         softcap: _builtins.float | None = ...,
         z_loss_scale: _builtins.float | None = ...,
         return_z_loss: _builtins.bool | None = ...,
+        ce_weight: _builtins.bool | None = ...,
+        accum_dtype: _builtins.str | None = ...,
+        use_token_scaling: _builtins.bool | None = ...,
+        return_token_accuracy: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["H", b"H", "N", b"N", "V", b"V", "_H", b"_H", "_N", b"_N", "_V", b"_V", "_autocast", b"_autocast", "_bias", b"_bias", "_dtype", b"_dtype", "_ignore_fraction", b"_ignore_fraction", "_ignore_index", b"_ignore_index", "_label_smoothing", b"_label_smoothing", "_reduction", b"_reduction", "_return_z_loss", b"_return_z_loss", "_softcap", b"_softcap", "_z_loss_scale", b"_z_loss_scale", "autocast", b"autocast", "bias", b"bias", "dtype", b"dtype", "ignore_fraction", b"ignore_fraction", "ignore_index", b"ignore_index", "label_smoothing", b"label_smoothing", "reduction", b"reduction", "return_z_loss", b"return_z_loss", "softcap", b"softcap", "z_loss_scale", b"z_loss_scale"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["H", b"H", "N", b"N", "V", b"V", "_H", b"_H", "_N", b"_N", "_V", b"_V", "_accum_dtype", b"_accum_dtype", "_autocast", b"_autocast", "_bias", b"_bias", "_ce_weight", b"_ce_weight", "_dtype", b"_dtype", "_ignore_fraction", b"_ignore_fraction", "_ignore_index", b"_ignore_index", "_label_smoothing", b"_label_smoothing", "_reduction", b"_reduction", "_return_token_accuracy", b"_return_token_accuracy", "_return_z_loss", b"_return_z_loss", "_softcap", b"_softcap", "_use_token_scaling", b"_use_token_scaling", "_z_loss_scale", b"_z_loss_scale", "accum_dtype", b"accum_dtype", "autocast", b"autocast", "bias", b"bias", "ce_weight", b"ce_weight", "dtype", b"dtype", "ignore_fraction", b"ignore_fraction", "ignore_index", b"ignore_index", "label_smoothing", b"label_smoothing", "reduction", b"reduction", "return_token_accuracy", b"return_token_accuracy", "return_z_loss", b"return_z_loss", "softcap", b"softcap", "use_token_scaling", b"use_token_scaling", "z_loss_scale", b"z_loss_scale"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["H", b"H", "N", b"N", "V", b"V", "_H", b"_H", "_N", b"_N", "_V", b"_V", "_autocast", b"_autocast", "_bias", b"_bias", "_dtype", b"_dtype", "_ignore_fraction", b"_ignore_fraction", "_ignore_index", b"_ignore_index", "_label_smoothing", b"_label_smoothing", "_reduction", b"_reduction", "_return_z_loss", b"_return_z_loss", "_softcap", b"_softcap", "_z_loss_scale", b"_z_loss_scale", "autocast", b"autocast", "bias", b"bias", "dtype", b"dtype", "ignore_fraction", b"ignore_fraction", "ignore_index", b"ignore_index", "label_smoothing", b"label_smoothing", "reduction", b"reduction", "return_z_loss", b"return_z_loss", "softcap", b"softcap", "z_loss_scale", b"z_loss_scale"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["H", b"H", "N", b"N", "V", b"V", "_H", b"_H", "_N", b"_N", "_V", b"_V", "_accum_dtype", b"_accum_dtype", "_autocast", b"_autocast", "_bias", b"_bias", "_ce_weight", b"_ce_weight", "_dtype", b"_dtype", "_ignore_fraction", b"_ignore_fraction", "_ignore_index", b"_ignore_index", "_label_smoothing", b"_label_smoothing", "_reduction", b"_reduction", "_return_token_accuracy", b"_return_token_accuracy", "_return_z_loss", b"_return_z_loss", "_softcap", b"_softcap", "_use_token_scaling", b"_use_token_scaling", "_z_loss_scale", b"_z_loss_scale", "accum_dtype", b"accum_dtype", "autocast", b"autocast", "bias", b"bias", "ce_weight", b"ce_weight", "dtype", b"dtype", "ignore_fraction", b"ignore_fraction", "ignore_index", b"ignore_index", "label_smoothing", b"label_smoothing", "reduction", b"reduction", "return_token_accuracy", b"return_token_accuracy", "return_z_loss", b"return_z_loss", "softcap", b"softcap", "use_token_scaling", b"use_token_scaling", "z_loss_scale", b"z_loss_scale"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__H: _TypeAlias = _typing.Literal["H"]  # noqa: Y015
     _WhichOneofArgType__H: _TypeAlias = _typing.Literal["_H", b"_H"]  # noqa: Y015
@@ -149,10 +165,14 @@ class FlceParams(_message.Message):
     _WhichOneofArgType__N: _TypeAlias = _typing.Literal["_N", b"_N"]  # noqa: Y015
     _WhichOneofReturnType__V: _TypeAlias = _typing.Literal["V"]  # noqa: Y015
     _WhichOneofArgType__V: _TypeAlias = _typing.Literal["_V", b"_V"]  # noqa: Y015
+    _WhichOneofReturnType__accum_dtype: _TypeAlias = _typing.Literal["accum_dtype"]  # noqa: Y015
+    _WhichOneofArgType__accum_dtype: _TypeAlias = _typing.Literal["_accum_dtype", b"_accum_dtype"]  # noqa: Y015
     _WhichOneofReturnType__autocast: _TypeAlias = _typing.Literal["autocast"]  # noqa: Y015
     _WhichOneofArgType__autocast: _TypeAlias = _typing.Literal["_autocast", b"_autocast"]  # noqa: Y015
     _WhichOneofReturnType__bias: _TypeAlias = _typing.Literal["bias"]  # noqa: Y015
     _WhichOneofArgType__bias: _TypeAlias = _typing.Literal["_bias", b"_bias"]  # noqa: Y015
+    _WhichOneofReturnType__ce_weight: _TypeAlias = _typing.Literal["ce_weight"]  # noqa: Y015
+    _WhichOneofArgType__ce_weight: _TypeAlias = _typing.Literal["_ce_weight", b"_ce_weight"]  # noqa: Y015
     _WhichOneofReturnType__dtype: _TypeAlias = _typing.Literal["dtype"]  # noqa: Y015
     _WhichOneofArgType__dtype: _TypeAlias = _typing.Literal["_dtype", b"_dtype"]  # noqa: Y015
     _WhichOneofReturnType__ignore_fraction: _TypeAlias = _typing.Literal["ignore_fraction"]  # noqa: Y015
@@ -163,10 +183,14 @@ class FlceParams(_message.Message):
     _WhichOneofArgType__label_smoothing: _TypeAlias = _typing.Literal["_label_smoothing", b"_label_smoothing"]  # noqa: Y015
     _WhichOneofReturnType__reduction: _TypeAlias = _typing.Literal["reduction"]  # noqa: Y015
     _WhichOneofArgType__reduction: _TypeAlias = _typing.Literal["_reduction", b"_reduction"]  # noqa: Y015
+    _WhichOneofReturnType__return_token_accuracy: _TypeAlias = _typing.Literal["return_token_accuracy"]  # noqa: Y015
+    _WhichOneofArgType__return_token_accuracy: _TypeAlias = _typing.Literal["_return_token_accuracy", b"_return_token_accuracy"]  # noqa: Y015
     _WhichOneofReturnType__return_z_loss: _TypeAlias = _typing.Literal["return_z_loss"]  # noqa: Y015
     _WhichOneofArgType__return_z_loss: _TypeAlias = _typing.Literal["_return_z_loss", b"_return_z_loss"]  # noqa: Y015
     _WhichOneofReturnType__softcap: _TypeAlias = _typing.Literal["softcap"]  # noqa: Y015
     _WhichOneofArgType__softcap: _TypeAlias = _typing.Literal["_softcap", b"_softcap"]  # noqa: Y015
+    _WhichOneofReturnType__use_token_scaling: _TypeAlias = _typing.Literal["use_token_scaling"]  # noqa: Y015
+    _WhichOneofArgType__use_token_scaling: _TypeAlias = _typing.Literal["_use_token_scaling", b"_use_token_scaling"]  # noqa: Y015
     _WhichOneofReturnType__z_loss_scale: _TypeAlias = _typing.Literal["z_loss_scale"]  # noqa: Y015
     _WhichOneofArgType__z_loss_scale: _TypeAlias = _typing.Literal["_z_loss_scale", b"_z_loss_scale"]  # noqa: Y015
     @_typing.overload
@@ -176,9 +200,13 @@ class FlceParams(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__V) -> _WhichOneofReturnType__V | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__accum_dtype) -> _WhichOneofReturnType__accum_dtype | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__autocast) -> _WhichOneofReturnType__autocast | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__bias) -> _WhichOneofReturnType__bias | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__ce_weight) -> _WhichOneofReturnType__ce_weight | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__dtype) -> _WhichOneofReturnType__dtype | None: ...
     @_typing.overload
@@ -190,9 +218,13 @@ class FlceParams(_message.Message):
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__reduction) -> _WhichOneofReturnType__reduction | None: ...
     @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__return_token_accuracy) -> _WhichOneofReturnType__return_token_accuracy | None: ...
+    @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__return_z_loss) -> _WhichOneofReturnType__return_z_loss | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__softcap) -> _WhichOneofReturnType__softcap | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__use_token_scaling) -> _WhichOneofReturnType__use_token_scaling | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__z_loss_scale) -> _WhichOneofReturnType__z_loss_scale | None: ...
 

@@ -60,6 +60,20 @@ PROBES: tuple[Probe, ...] = (
     Probe("flce", "m_bf16_chunk_accum", {"N": 2048, "H": 64, "V": 96, "dtype": "bfloat16"}),
     Probe("flce", "m_label_smoothing_weight", {**_F, "label_smoothing": 0.1}),
     Probe("flce", "m_zeros", dict(_F)),
+    Probe("flce", "m_ce_weight_row_mean", {**_F, "ce_weight": True}),
+    Probe("flce", "m_ce_weight_smoothing", {**_F, "ce_weight": True, "label_smoothing": 0.1}),
+    Probe("flce", "m_token_scaling_grad", {**_F, "use_token_scaling": True}),
+    Probe(
+        "flce",
+        "m_accuracy_counts_ignored",
+        # V=4: random logits hit about a quarter of the targets (at V=80 the count is ~0)
+        {**_F, "V": 4, "return_token_accuracy": True, "ignore_fraction": 0.25},
+    ),
+    Probe(
+        "flce",
+        "m_accum_bf16_when_f32",
+        {"N": 2048, "H": 64, "V": 96, "dtype": "bfloat16", "accum_dtype": "float32"},
+    ),
     Probe("lse_merge", "m_naive_logaddexp", {**_L, "mode": "merge"}, ("huge",)),
     Probe("lse_merge", "m_empty_nan", {**_L, "mode": "step"}, ("empty_rows", "fa2_inf")),
     Probe("lse_merge", "m_copy_update", {**_L, "mode": "step"}),

@@ -252,3 +252,146 @@ _mutant(
     count_in_bf16,
     "13: mean divisor counted in bfloat16 (wrong beyond 256 rows)",
 )
+
+
+# ------------------------------------------------------------------------------------------
+# Bugs of the options Liger-Kernel has and kassay gained (issue 21): class weights, token
+# scaling, token accuracy, accumulation dtype. One per option; each is right when its option
+# is off.
+
+
+def _weighted_rows(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    p: FlceParams,
+    ce_weight: torch.Tensor | None,
+) -> torch.Tensor:
+    z = F.linear(x, w, b).float()
+    return F.cross_entropy(
+        z,
+        target,
+        weight=ce_weight,
+        ignore_index=p.ignore_index,
+        label_smoothing=p.label_smoothing,
+        reduction="none",
+    )
+
+
+def _reduce(rows: torch.Tensor, divisor: torch.Tensor, p: FlceParams) -> torch.Tensor:
+    if p.reduction == "none":
+        return rows
+    return rows.sum() / divisor.clamp_min(1) if p.reduction == "mean" else rows.sum()
+
+
+def ce_weight_row_mean(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    p: FlceParams,
+    ce_weight: torch.Tensor | None = None,
+) -> Any:
+    """Class-weighted rows, but the mean divides by the number of non-ignored rows instead of
+    the sum of their targets' weights (the weights then scale the loss instead of reweighting
+    it)."""
+    rows = _weighted_rows(x, w, target, b, p, ce_weight)
+    return _reduce(rows, (target != p.ignore_index).sum(), p)
+
+
+def ce_weight_smoothing(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    p: FlceParams,
+    ce_weight: torch.Tensor | None = None,
+) -> Any:
+    """Label smoothing with class weights done the intuitive way: the whole smoothed row
+    loss times the target's weight, c_y·((1-ε)·nll + ε·mean_j(-log p_j)), where torch weighs
+    each class's smoothing term by its own weight, Σ_j (ε/V)·c_j·(-log p_j)."""
+    logp = torch.log_softmax(F.linear(x, w, b).float(), dim=-1)
+    valid = target != p.ignore_index
+    safe = torch.where(valid, target, 0)
+    c_y = ce_weight[safe] * valid if ce_weight is not None else valid.float()
+    nll = -logp.gather(1, safe[:, None])[:, 0]
+    rows = c_y * ((1 - p.label_smoothing) * nll - p.label_smoothing * logp.mean(dim=-1))
+    if p.reduction == "mean":
+        return rows.sum() / c_y.sum()
+    return _reduce(rows, c_y.sum(), p)
+
+
+def token_scaling_grad(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    p: FlceParams,
+) -> Any:
+    """Token scaling whose target probability is not detached: the loss is right, but the
+    gradient also flows through p_y (d(p·ce) = p·dce + ce·dp instead of p·dce)."""
+    z = F.linear(x, w, b).float()
+    rows = F.cross_entropy(
+        z, target, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing, reduction="none"
+    )
+    valid = target != p.ignore_index
+    if p.use_token_scaling:
+        rows = (
+            rows * torch.softmax(z, dim=-1).gather(1, torch.where(valid, target, 0)[:, None])[:, 0]
+        )
+    return _reduce(rows, valid.sum(), p)
+
+
+def accuracy_counts_ignored(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    target: torch.Tensor,
+    b: torch.Tensor | None,
+    p: FlceParams,
+) -> Any:
+    """Token accuracy over every row: ignored rows count in the denominator (a mean over N
+    instead of over the non-ignored rows)."""
+    z = F.linear(x, w, b).float()
+    valid = target != p.ignore_index
+    rows = F.cross_entropy(
+        z, target, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing, reduction="none"
+    )
+    hits = ((z.detach().argmax(dim=-1) == target) & valid).float()
+    acc = hits if p.reduction == "none" else hits.mean()
+    return _reduce(rows, valid.sum(), p), None, acc
+
+
+def accum_bf16_when_f32(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
+    """accum_dtype='float32' accepted and ignored: grad_weight still accumulated in bf16 over
+    16-row chunks (Liger-Kernel's default mode, bugs 4)."""
+    return bf16_chunk_accum(x, w, target, b, p)
+
+
+_mutant(
+    "m_ce_weight_row_mean",
+    ce_weight_row_mean,
+    "14: class-weighted mean divided by the row count, not the targets' weight sum",
+)
+_mutant(
+    "m_ce_weight_smoothing",
+    ce_weight_smoothing,
+    "15: label smoothing with class weights weighted by the target's weight only",
+)
+_mutant(
+    "m_token_scaling_grad",
+    token_scaling_grad,
+    "16: token scaling's target probability not detached (gradient through it)",
+)
+_mutant(
+    "m_accuracy_counts_ignored",
+    accuracy_counts_ignored,
+    "17: token accuracy averaged over all rows, ignored ones included",
+)
+_mutant(
+    "m_accum_bf16_when_f32",
+    accum_bf16_when_f32,
+    "18: accum_dtype=float32 ignored: grad_weight accumulated in bf16 over chunks",
+)

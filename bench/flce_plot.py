@@ -1,0 +1,72 @@
+"""Plot the time-memory curve of `bench/flce.py --budgets` (CPU side, needs matplotlib).
+
+    python3 bench/flce_plot.py bench/results/flce-budgets-h200-<date>.json [--out curve.png]
+
+One panel per target shape: kassay's points over the memory budgets (a line, each point
+labelled with its rows per chunk) and each peer's single (peak memory, time) point; lower left
+is better. Also prints the table and, for each peer, kassay's fastest point at no more memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def table(data: dict) -> str:
+    lines = ["| N, H, V | impl | rows/chunk | ms | peak extra GiB |", "|---|---|---|---|---|"]
+    for r in data["curve"] + data["peers"]:
+        shape = f"{r['N']}, {r['H']}, {r['V']}"
+        if "error" in r:
+            lines.append(f"| {shape} | {r['impl']} | | error | |")
+            continue
+        rows = r.get("rows_per_chunk", "")
+        lines.append(
+            f"| {shape} | {r['impl']} | {rows} | {r['ms']:.2f} | {r['peak_extra_gib']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(data: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(r["N"], r["H"], r["V"]) for r in data["curve"]})
+    fig, axes = plt.subplots(1, len(shapes), figsize=(7 * len(shapes), 5), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        pts = [r for r in data["curve"] if (r["N"], r["H"], r["V"]) == shape and "ms" in r]
+        pts.sort(key=lambda r: r["peak_extra_gib"])
+        ax.plot([r["peak_extra_gib"] for r in pts], [r["ms"] for r in pts], "o-", label="kassay")
+        for r in pts:
+            ax.annotate(str(r["rows_per_chunk"]), (r["peak_extra_gib"], r["ms"]), fontsize=7)
+        for r in data["peers"]:
+            if (r["N"], r["H"], r["V"]) == shape and "ms" in r:
+                ax.plot(r["peak_extra_gib"], r["ms"], "s", label=r["impl"])
+        ax.set_xscale("log")
+        ax.set_xlabel("peak extra memory, GiB (log)")
+        ax.set_ylabel("forward + backward, ms")
+        ax.set_title(f"flce bf16 N={shape[0]} H={shape[1]} V={shape[2]}")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+    print(f"wrote {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("json")
+    ap.add_argument("--out", default=None, help="PNG path (default: the JSON's, .png)")
+    args = ap.parse_args()
+    data = json.loads(Path(args.json).read_text())
+    print(table(data))
+    for line in data.get("verdicts", []):
+        print(line)
+    plot(data, Path(args.out) if args.out else Path(args.json).with_suffix(".png"))
+
+
+if __name__ == "__main__":
+    main()
