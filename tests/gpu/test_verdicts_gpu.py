@@ -84,8 +84,12 @@ def test_bf16_large_logits_are_explicit_and_guard_the_baseline() -> None:
 @pytest.mark.xfail(
     strict=True,
     reason="found on the H200 (2026-12-03): kassay's bf16 gradients at |logits| ~ 1e3 are "
-    "scaled by about -0.59% (grad_input and grad_weight), beyond the absolute bf16 policy; "
-    "open for the kernel team",
+    "scaled by about -0.59% (grad_input and grad_weight), beyond the absolute bf16 policy, "
+    "after torch's bf16-rounded logits made the baseline suspect. Probably conditioning, not a "
+    "kernel bug: on the CPU in fp16 (N=64 H=64 V=2000) kassay and torch agree to three digits "
+    "(rel_l2 1.29e-2, bias -0.0997% both): float32 logits at |z| ~ 1e3 carry ~1e-4 absolute "
+    "error, which the near-one-hot softmax turns into percent-level gradient error. The floor "
+    "does not model that conditioning yet",
 )
 def test_kassay_bf16_large_logits_gradients_are_unbiased() -> None:
     p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
