@@ -28,15 +28,22 @@ def snapshot(tag: str) -> None:
     )
 
 
-spec = JobSpec.model_validate(
-    yaml.safe_load(Path(sys.argv[1] if len(sys.argv) > 1 else "examples/ci-grid.yaml").read_text())
-)
-groups = expand(spec, check_impl=local_impl_check())
-limit = int(sys.argv[2]) if len(sys.argv) > 2 else len(groups)
-for g in groups[:limit]:
-    res = engine.run_group(g, device="cuda", ceilings=False)
-    del res
-    snapshot(f"{g.op} {g.group_id[:10]}")
-gc.collect()
-torch.cuda.empty_cache()
-snapshot("after gc + empty_cache")
+def main() -> None:
+    spec = JobSpec.model_validate(
+        yaml.safe_load(
+            Path(sys.argv[1] if len(sys.argv) > 1 else "examples/ci-grid.yaml").read_text()
+        )
+    )
+    groups = expand(spec, check_impl=local_impl_check())
+    limit = int(sys.argv[2]) if len(sys.argv) > 2 else len(groups)
+    for g in groups[:limit]:
+        res = engine.run_group(g, device="cuda", ceilings=False)
+        del res
+        snapshot(f"{g.op} {g.group_id[:10]}")
+    gc.collect()
+    torch.cuda.empty_cache()
+    snapshot("after gc + empty_cache")
+
+
+if __name__ == "__main__":
+    main()
