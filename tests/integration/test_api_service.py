@@ -150,7 +150,10 @@ def test_cancelling_a_large_running_job_stays_cancelled(client: Client) -> None:
     t0 = time.monotonic()
     cancelled = client.jobs.cancel(job.id)
     took = time.monotonic() - t0
-    assert cancelled.state == "cancelled" and took < 5.0, took
+    # The store's own test counts the statements a bulk cancel sends (tests/unit/test_api_store.py);
+    # here the bound only says the call answers well inside a client's timeout: 5 s failed at
+    # 5.6-6.1 s on the 2-core box under other builds' load.
+    assert cancelled.state == "cancelled" and took < 15.0, took
     time.sleep(1.0)  # groups that were running report in
     done = client.jobs.wait(job.id, timeout=60)
     assert done.state == "cancelled" and done.ok is False
