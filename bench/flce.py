@@ -17,6 +17,12 @@ Two more modes:
   --ab       kassay's default call only (both shapes, repeated do_bench medians): the speed
              half of an A/B of two versions (bench/flce_ab.py runs both, alternating).
 
+Why it times on its own and not through `kassay run`: it sweeps kassay's FlceConfig (memory
+budget, chunk rows) and reads peak memory per configuration, which the engine's `kassay` impl
+(the default call) does not expose. Its do_bench medians agree with the engine's device time on
+the same call within 2.2% (bench/README.md, "Timing fidelity": 41.27 vs 42.18 ms at the first
+target shape). The side-by-side tables users see come from `kassay run examples/h200.yaml`.
+
 Needs only torch + triton (+ liger-kernel / cut-cross-entropy when installed). Uses kassay's
 public API only (`kassay.kernels`); the stage breakdown and GEMM probes that reach into the
 launchers are in research/flce_speed_probe.py.

@@ -21,6 +21,12 @@ poisoned outputs before it is timed (rel-L2 of out and of the finite lse values,
 mismatched infinities). Timing: triton.testing.do_bench, median, L2 flushed between reps; small
 shapes are also timed as CUDA-graph replays (all impls alike).
 
+Why it times on its own and not through `kassay run`: it counts the bytes each design must
+move (a float32 accumulator's extra traffic) against a copy ceiling measured in the same run,
+and times small shapes as graph replays for every impl alike; the engine's device time agrees
+with do_bench within 0.3-2.4% on the merges large enough to matter (bench/README.md, "Timing
+fidelity"). The side-by-side tables users see come from `kassay run examples/h200.yaml`.
+
 ``--smoke`` runs tiny shapes (works on the CPU under TRITON_INTERPRET=1, with a wall clock).
 """
 

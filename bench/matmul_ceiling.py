@@ -4,7 +4,8 @@ TARGETS.md records 795 TFLOP/s for 8192^3 bf16; the flce bench measured 672-679 
 kind of card. This probe times the same product with different data (randn, zeros, small
 values) and for different lengths (a short do_bench, then 5 s of back-to-back products in
 0.25 s windows) while sampling the SM clock and power with nvidia-smi, to tell data-dependent
-power limits from a method difference.
+power limits from a method difference. (It times on its own because what it studies is the
+timing method and the card's state, not a kernel.)
 
     python bench/matmul_ceiling.py --out FILE
 """
