@@ -73,8 +73,9 @@ def plant_hits(inputs: Tensors, params: FlceParams, seed: int) -> None:
     A gap decides the row when it exceeds TIE_MARGIN·u·max_j e_j: twice the most that two
     columns' errors can move it (bfloat16, max |z| ~ 4.5, no softcap: 0.07).
     - Planted rows (target := argmax, the first maximal column) are drawn, seeded, among the
-      non-ignored rows whose top-2 gap decides; where fewer rows qualify (bfloat16 at large V,
-      most with a softcap, whose tanh squeezes the top logits together), all are planted.
+      non-ignored rows whose top-2 gap decides; where fewer rows qualify (bfloat16 with a
+      softcap, whose tanh squeezes the top logits together: ~0.2 of the rows at V=3000), all
+      are. A softcap that saturates the top logits (large_logits) leaves no row to plant.
     - Any other non-ignored row whose target's gap to the row maximum does not decide (a random
       hit, or a near miss a rounding could turn into a tie) gets the row's argmin: a sure miss.
     The other inputs (x, W, bias, ce_weight, grad_output, which rows are ignored) are unchanged.
