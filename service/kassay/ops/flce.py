@@ -13,7 +13,9 @@ stays unweighted, its mean over the non-ignored rows), `accum_dtype` ("float32":
 accumulated in float32; the truth is the same, the tolerance is what tells), `use_token_scaling`
 (each row's loss and gradient times the detached probability of its target) and
 `return_token_accuracy` (an output `token_accuracy`: the fraction of non-ignored rows whose
-argmax is the target, ties to the first column; [N] 0/1 flags for reduction none).
+argmax is the target, ties to the first column; [N] 0/1 flags for reduction none; the
+seeded inputs then set about half the targets to their row's argmax, only where no
+rounding of the logits in the compute dtype can turn the row's hit or miss around).
 
 Gradients are taken with upstream grad_output = 1 for mean/sum, and a seeded random [N] vector for
 reduction none (so an impl that scales every row by grad_output[0] is caught).

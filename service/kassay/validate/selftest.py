@@ -66,8 +66,8 @@ PROBES: tuple[Probe, ...] = (
     Probe(
         "flce",
         "m_accuracy_counts_ignored",
-        # V=4: random logits hit about a quarter of the targets (at V=80 the count is ~0)
-        {**_F, "V": 4, "return_token_accuracy": True, "ignore_fraction": 0.25},
+        # the inputs plant argmax hits (about half the rows) whatever V
+        {**_F, "return_token_accuracy": True, "ignore_fraction": 0.25},
     ),
     Probe(
         "flce",

@@ -9,12 +9,22 @@ import torch
 from kassay.ops.flce import REF_CHUNK_BYTES, FlceParams
 from kassay.ops.runtime.base import Tensors, generator
 
+# Planted argmax hits (return_token_accuracy): the share of non-ignored rows whose target is set
+# to the row's argmax, and how many times its worst-case rounding error a logit gap must exceed
+# to decide a row. LOGIT_ROUNDOFF: unit roundoff u of the compute dtype, float32 counted as
+# TF32's (a correct GPU impl may run its float32 matmuls on TF32 tensor cores).
+PLANT_FRACTION = 0.5
+TIE_MARGIN = 4.0
+LOGIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11, "float32": 2.0**-11}
+
 
 def make_inputs(params: FlceParams, regime: str, seed: int, device: torch.device) -> Tensors:
     """x [N, H], weight [V, H], bias [V] (when params.bias) in params.dtype; target [N]
     int64; grad_output: [] float32 (1.0) for mean/sum, [N] float32 for reduction none;
     ce_weight [V] float32 in [0.5, 3) when params.ce_weight (mean 1.75, so an impl that divides
-    the mean by the row count instead of the sum of the targets' weights is off by ~1.75x)."""
+    the mean by the row count instead of the sum of the targets' weights is off by ~1.75x).
+    With params.return_token_accuracy the targets carry planted argmax hits (`plant_hits`);
+    without it every input is what it was before that option existed, seed for seed."""
     p = params
     dt = p.torch_dtype
     x = torch.randn(p.N, p.H, generator=generator(seed, device, 1), device=device)
@@ -35,6 +45,8 @@ def make_inputs(params: FlceParams, regime: str, seed: int, device: torch.device
         perm = torch.randperm(p.N, generator=generator(seed, device, 5), device=device)
         target[perm[:n_ign]] = p.ignore_index
     inputs["target"] = target
+    if p.return_token_accuracy:
+        plant_hits(inputs, p, seed)
     if p.ce_weight:
         u = torch.rand(p.V, generator=generator(seed, device, 7), device=device)
         inputs["ce_weight"] = u.mul_(2.5).add_(0.5)
@@ -45,6 +57,79 @@ def make_inputs(params: FlceParams, regime: str, seed: int, device: torch.device
     else:
         inputs["grad_output"] = torch.ones((), device=device)
     return inputs
+
+
+def plant_hits(inputs: Tensors, params: FlceParams, seed: int) -> None:
+    """Set about PLANT_FRACTION of the non-ignored targets to their row's argmax, in place, so
+    that token_accuracy is far from 0 (random targets hit 1/V of the rows) and from 1.
+
+    The logits are the reference's: float64 from the dtype-rounded x [N, H], weight [V, H] and
+    bias [V], bias added, then softcapped (zc = c·tanh(z/c)). A row's hit or miss must not hang
+    on rounding, so each gap that decides one is checked against the worst-case error an impl's
+    logits carry in the compute dtype (the autocast dtype under AMP), u = LOGIT_ROUNDOFF, in
+    units of u per column j:
+        e_j = |z_j| + [float32: 2·|x|·|w_j|/sqrt(H)]   (the logit's rounding; TF32's operands)
+        softcapped: e_j <- (1 - t_j^2)·(e_j + |z_j|) + 3·|zc_j|   (z/c, tanh, ·c roundings)
+    A gap decides the row when it exceeds TIE_MARGIN·u·max_j e_j: twice the most that two
+    columns' errors can move it (bfloat16, max |z| ~ 4.5, no softcap: 0.07).
+    - Planted rows (target := argmax, the first maximal column) are drawn, seeded, among the
+      non-ignored rows whose top-2 gap decides; where fewer rows qualify (bfloat16 with a
+      softcap, whose tanh squeezes the top logits together: ~0.2 of the rows at V=3000), all
+      are. A softcap that saturates the top logits (large_logits) leaves no row to plant.
+    - Any other non-ignored row whose target's gap to the row maximum does not decide (a random
+      hit, or a near miss a rounding could turn into a tie) gets the row's argmin: a sure miss.
+    The other inputs (x, W, bias, ce_weight, grad_output, which rows are ignored) are unchanged.
+    """
+    p = params
+    target = inputs["target"]
+    valid = target != p.ignore_index
+    n_valid = int(valid.sum())
+    if n_valid == 0 or p.V < 2:  # nothing to plant; with one class every row is a hit
+        return
+    dev = target.device
+    compute = p.autocast if p.autocast != "none" else p.dtype
+    u = LOGIT_ROUNDOFF[compute]
+    x64, w64 = inputs["x"].double(), inputs["weight"].double()
+    b64 = inputs["bias"].double() if "bias" in inputs else None
+    w_norm = w64.norm(dim=1) * (2 / math.sqrt(p.H)) if compute == "float32" else None
+    rows = max(1, min(p.N, REF_CHUNK_BYTES // (3 * 8 * p.V)))
+    top = torch.empty(p.N, dtype=torch.long, device=dev)
+    low = torch.empty_like(top)
+    top_gap = torch.empty(p.N, dtype=torch.float64, device=dev)  # max - runner-up
+    tgt_gap = torch.empty_like(top_gap)  # max - target's logit
+    low_gap = torch.empty_like(top_gap)  # max - min
+    tol = torch.empty_like(top_gap)
+    safe = torch.where(valid, target, torch.zeros_like(target))
+    for s in range(0, p.N, rows):
+        e = min(p.N, s + rows)
+        z = x64[s:e] @ w64.T
+        if b64 is not None:
+            z += b64
+        err = z.abs()
+        if w_norm is not None:
+            err.addr_(x64[s:e].norm(dim=1), w_norm)
+        if p.softcap is not None:
+            t = torch.tanh(z / p.softcap)
+            err += z.abs()
+            err *= 1 - t * t
+            z = t.mul_(p.softcap)
+            err.add_(z.abs(), alpha=3.0)
+        tol[s:e] = TIE_MARGIN * u * err.amax(dim=1)
+        top2 = z.topk(2, dim=1).values
+        top[s:e] = z.argmax(dim=1)
+        low[s:e] = z.argmin(dim=1)
+        top_gap[s:e] = top2[:, 0] - top2[:, 1]
+        tgt_gap[s:e] = top2[:, 0] - z.gather(1, safe[s:e, None])[:, 0]
+        low_gap[s:e] = top2[:, 0] - z.amin(dim=1)
+        del z, err
+    eligible = valid & (top_gap > tol)
+    order = torch.randperm(p.N, generator=generator(seed, dev, 8), device=dev)
+    picks = order[eligible[order]][: round(PLANT_FRACTION * n_valid)]
+    planted = torch.zeros_like(valid)
+    planted[picks] = True
+    undecided = valid & ~planted & (tgt_gap <= tol) & (low_gap > tol)
+    target[planted] = top[planted]
+    target[undecided] = low[undecided]
 
 
 def reference(inputs: Tensors, params: FlceParams) -> Tensors:
