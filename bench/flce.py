@@ -15,7 +15,7 @@ Two more modes:
              target shapes, with every peer's (time, peak memory) point from the same run.
              Plot it on any machine with matplotlib: python3 bench/flce_plot.py <json>.
   --ab       kassay's default call only (both shapes, repeated do_bench medians): the speed
-             half of an A/B of two versions (bench/flce_ab.py runs both, alternating).
+             half of an A/B of two versions (research/flce_package_ab.py runs both, alternating).
 
 Why it times on its own and not through `kassay run`: it sweeps kassay's FlceConfig (memory
 budget, chunk rows) and reads peak memory per configuration, which the engine's `kassay` impl

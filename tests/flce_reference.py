@@ -17,6 +17,37 @@ II = -100
 OUTPUT_NAMES = ("loss", "z_loss", "grad_input", "grad_weight", "grad_bias")
 
 
+def random_case(
+    n: int,
+    h: int,
+    v: int,
+    dtype: torch.dtype,
+    bias: bool,
+    ignore_frac: float,
+    seed: int,
+    *,
+    wscale: float,
+    gen_device: str,
+    device: str,
+    class_weights: bool = False,
+) -> tuple:
+    """(x [n, h], w [v, h] scaled by wscale/sqrt(h), t [n] with about ignore_frac of II, b [v]
+    or None) in `dtype` on `device`, drawn from one generator on `gen_device`; with
+    class_weights also cw [v] float32 in [0.5, 3) (mean 1.75: far from the row count), drawn
+    after the rest so the other tensors do not depend on it."""
+    g = torch.Generator(device=gen_device).manual_seed(seed)
+    kw = {"device": gen_device, "generator": g}
+    x = torch.randn(n, h, **kw).to(dtype).to(device)
+    w = (torch.randn(v, h, **kw) * wscale / h**0.5).to(dtype).to(device)
+    b = torch.randn(v, **kw).to(dtype).to(device) if bias else None
+    t = torch.randint(0, v, (n,), **kw)
+    t[torch.rand(n, **kw) < ignore_frac] = II
+    t = t.to(device)
+    if not class_weights:
+        return x, w, t, b
+    return x, w, t, b, (torch.rand(v, **kw) * 2.5 + 0.5).to(device)
+
+
 def flce_kernel() -> Callable[..., object]:
     from kassay.kernels.flce import fused_linear_cross_entropy
 

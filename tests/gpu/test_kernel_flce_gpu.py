@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from flce_reference import II, check_against_reference, flce_kernel, rel_l2, run_grads
+from flce_reference import II, check_against_reference, flce_kernel, random_case, rel_l2, run_grads
 
 from kassay.kernels.flce import FlceConfig
 
@@ -19,13 +19,9 @@ pytestmark = [
 
 
 def _inputs(n, h, v, dtype, bias, ignore_frac, seed=0, wscale=1.0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(n, h, device="cuda", generator=g).to(dtype)
-    w = (torch.randn(v, h, device="cuda", generator=g) * wscale / math.sqrt(h)).to(dtype)
-    b = torch.randn(v, device="cuda", generator=g).to(dtype) if bias else None
-    t = torch.randint(0, v, (n,), device="cuda", generator=g)
-    t[torch.rand(n, device="cuda", generator=g) < ignore_frac] = II
-    return x, w, t, b
+    return random_case(
+        n, h, v, dtype, bias, ignore_frac, seed, wscale=wscale, gen_device="cuda", device="cuda"
+    )
 
 
 def _compare(n, h, v, dtype, bias, ignore_frac, ls, red, cap, zls, budget=None, factor=1.5):

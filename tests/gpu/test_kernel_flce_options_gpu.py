@@ -5,8 +5,6 @@ baseline policy; the fp32/fp16 interpreter runs are in tests/unit/test_kernel_fl
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,6 +14,7 @@ from flce_reference import (
     check_options,
     flce_kernel,
     options_loss_fn,
+    random_case,
     rel_l2,
     run_grads,
 )
@@ -29,14 +28,10 @@ pytestmark = [
 
 
 def _inputs(n, h, v, dtype, bias, ignore_frac, seed=0, wscale=3.0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(n, h, device="cuda", generator=g).to(dtype)
-    w = (torch.randn(v, h, device="cuda", generator=g) * wscale / math.sqrt(h)).to(dtype)
-    b = torch.randn(v, device="cuda", generator=g).to(dtype) if bias else None
-    t = torch.randint(0, v, (n,), device="cuda", generator=g)
-    t[torch.rand(n, device="cuda", generator=g) < ignore_frac] = II
-    cw = torch.rand(v, device="cuda", generator=g) * 2.5 + 0.5
-    return x, w, t, b, cw
+    return random_case(
+        n, h, v, dtype, bias, ignore_frac, seed,
+        wscale=wscale, gen_device="cuda", device="cuda", class_weights=True,
+    )  # fmt: skip
 
 
 def _go(n, red):

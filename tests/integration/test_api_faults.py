@@ -9,28 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from timed_suites import slow_lse_suite
 
 from kassay_client import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 # Timed cases of ~0.3 s so that a job lasts a few seconds: long enough to kill something.
-SLOW = {
-    "op": "lse_merge",
-    "impls": ["torch", "ring_style"],
-    "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
-    "seeds": list(range(8)),
-    "regimes": ["normal"],
-    "coverage": "none",
-    "timing": {
-        "enabled": True,
-        "warmup": 0,
-        "min_reps": 5,
-        "max_reps": 100_000,
-        "target_rel_sem": 1e-6,
-        "budget_s": 0.3,
-    },
-}
+SLOW = slow_lse_suite(8)
 
 
 def test_crash_hang_raise_fail_alone(client: Client) -> None:

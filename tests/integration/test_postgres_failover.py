@@ -16,28 +16,14 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
+from timed_suites import slow_lse_suite
 
 from kassay_client import Client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
 # Timed cases of ~0.3 s: a job of 40 cases over three workers lasts several seconds.
-SLOW = {
-    "op": "lse_merge",
-    "impls": ["torch", "ring_style"],
-    "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32", "mode": "step"},
-    "seeds": list(range(20)),
-    "regimes": ["normal"],
-    "coverage": "none",
-    "timing": {
-        "enabled": True,
-        "warmup": 0,
-        "min_reps": 5,
-        "max_reps": 100_000,
-        "target_rel_sem": 1e-6,
-        "budget_s": 0.3,
-    },
-}
+SLOW = slow_lse_suite(20)
 CASES = 40
 
 

@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from flce_reference import II, check_against_reference, flce_kernel, rel_l2, run_grads
+from flce_reference import II, check_against_reference, flce_kernel, random_case, rel_l2, run_grads
 
 from kassay.kernels.flce import FlceConfig, FusedLinearCrossEntropyLoss
 
@@ -25,13 +25,9 @@ DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
 def _inputs(n, h, v, dtype, bias, ignore_frac, seed):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, h, generator=g).to(dtype).to(DEV)
-    w = (torch.randn(v, h, generator=g) * 2 / h**0.5).to(dtype).to(DEV)
-    b = torch.randn(v, generator=g).to(dtype).to(DEV) if bias else None
-    t = torch.randint(0, v, (n,), generator=g)
-    t[torch.rand(n, generator=g) < ignore_frac] = II
-    return x, w, t.to(DEV), b
+    return random_case(
+        n, h, v, dtype, bias, ignore_frac, seed, wscale=2, gen_device="cpu", device=DEV
+    )
 
 
 def _compare(n, h, v, dtype, bias, ign, ls, red, cap, zls, budget=None, factor=1.5, seed=0):

@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from flce_reference import II, argmax_hits, check_options, flce_kernel, rel_l2
+from flce_reference import II, argmax_hits, check_options, flce_kernel, random_case, rel_l2
 
 from kassay.kernels import FlceOutput, FusedLinearCrossEntropyLoss
 
@@ -26,14 +26,10 @@ DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
 
 
 def _inputs(n, h, v, dtype, bias, ignore_frac, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, h, generator=g).to(dtype).to(DEV)
-    w = (torch.randn(v, h, generator=g) * 2 / h**0.5).to(dtype).to(DEV)
-    b = torch.randn(v, generator=g).to(dtype).to(DEV) if bias else None
-    t = torch.randint(0, v, (n,), generator=g)
-    t[torch.rand(n, generator=g) < ignore_frac] = II
-    cw = (torch.rand(v, generator=g) * 2.5 + 0.5).to(DEV)  # mean 1.75: far from the row count
-    return x, w, t.to(DEV), b, cw
+    return random_case(
+        n, h, v, dtype, bias, ignore_frac, seed,
+        wscale=2, gen_device="cpu", device=DEV, class_weights=True,
+    )  # fmt: skip
 
 
 def _go(n, red, seed=1):

@@ -1,4 +1,5 @@
-"""Same-run A/B of kassay flce's default call: two versions of the package, alternating.
+"""Same-run A/B of kassay flce's default call: two versions of the whole package, alternating
+processes (research/flce_ab.py instead swaps single kernel files inside one process).
 
 Runs `bench/flce.py --ab` (the default call at both target shapes, repeated do_bench medians)
 in fresh processes, base and new in turn (B A B A ...: clock and temperature drift fall on
@@ -8,7 +9,7 @@ On the H200 in one call, with main's package copied beside the working tree firs
     rm -rf .ab_base && mkdir .ab_base && git archive main service/kassay | tar -x -C .ab_base
     grep -qx '/.ab_base/' .git/info/exclude || echo /.ab_base/ >> .git/info/exclude
 then run there (carry .ab_base):
-    python3 bench/flce_ab.py --base .ab_base/service --new service --out bench/results/...json
+    python3 research/flce_package_ab.py --base .ab_base/service --new service --out research/results/...json
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common import run_meta, save_json
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-HERE = Path(__file__).resolve().parent
+from probe_common import run_meta, save
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
 
 
 def one_run(service_dir: str, repeats: int) -> list[dict]:
@@ -32,9 +35,9 @@ def one_run(service_dir: str, repeats: int) -> list[dict]:
         out = Path(tmp) / "ab.json"
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(Path(service_dir).resolve()), str(HERE), env.get("PYTHONPATH", "")]
+            [str(Path(service_dir).resolve()), str(BENCH), env.get("PYTHONPATH", "")]
         )
-        cmd = [sys.executable, str(HERE / "flce.py"), "--ab", "--ab-repeats", str(repeats)]
+        cmd = [sys.executable, str(BENCH / "flce.py"), "--ab", "--ab-repeats", str(repeats)]
         subprocess.run([*cmd, "--out", str(out)], env=env, check=True)
         return json.loads(out.read_text())["ab"]
 
@@ -42,7 +45,7 @@ def one_run(service_dir: str, repeats: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base", required=True, help="the base version's service/ folder")
-    ap.add_argument("--new", default=str(HERE.parent / "service"))
+    ap.add_argument("--new", default=str(BENCH.parent / "service"))
     ap.add_argument("--rounds", type=int, default=3, help="processes per version")
     ap.add_argument("--repeats", type=int, default=5, help="do_bench medians per process")
     ap.add_argument("--out", default=None)
@@ -74,7 +77,7 @@ def main() -> None:
             f"  new/base {line['new_over_base']:.4f}",
             flush=True,
         )
-    save_json({**run_meta(), "runs": runs, "summary": summary}, args.out)
+    save({**run_meta(), "runs": runs, "summary": summary}, Path(args.out) if args.out else None)
 
 
 if __name__ == "__main__":
