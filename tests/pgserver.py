@@ -16,11 +16,12 @@ import os
 import pwd
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from ports import free_port as _free_port
 
 INSTALL_HINT = "install Debian's postgresql package (apt-get install -y postgresql)"
 SUPERUSER = "kassay"
@@ -41,12 +42,6 @@ def find_binaries() -> tuple[Path | None, str]:
         if all((folder / b).exists() for b in ("initdb", "pg_ctl", "postgres")):
             return folder, ""
     return None, f"no PostgreSQL server binaries (initdb, pg_ctl) found: {INSTALL_HINT}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run_as() -> pwd.struct_passwd | None:

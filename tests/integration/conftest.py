@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,18 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITE_TOKEN = "itest-write"
 READ_TOKEN = "itest-read"
 #: the workers' per-case timeout: the `hang` test impl must hit it quickly
 CASE_TIMEOUT_S = 6.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_port as _free_port
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc_health")
@@ -39,12 +39,6 @@ SERVICE = "kassay.v1.Worker"
 RESTART_BUDGET_S = 10.0
 #: run the same tests against a GPU worker with KASSAY_TEST_WORKER_DEVICE=cuda
 DEVICE = os.environ.get("KASSAY_TEST_WORKER_DEVICE", "cpu")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
