@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The H200 measurements the open issues still wait for, in stages that each fit one device call
+# (the device tool allows 600 s per command and 30 min per session; a cold start costs ~2 min).
+# Run from the repository root on the device, after installing the service's wheels:
+#
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+#       --target /tmp/site .whl/*.whl >/dev/null 2>&1
+#   export PYTHONPATH=/tmp/site:$PWD/service:$PWD/client
+#   bash research/h200_pending.sh STAGE        # results land in $OUT (default: ./h200-out)
+#
+# Stages, most wanted first (times are estimates from earlier runs):
+#   timing    #15  bench/ci_latency.py after the memory fix (~150 s) and the engine table of
+#                  examples/h200.yaml for the README (~120 s)
+#   verdicts  #14  false failures of the correct impls over smoke + h200, 3 seeds (~450 s)
+#   flce      #21  A/B of the default call against the package before the option parity merge
+#                  (needs .ab_base: see research/flce_package_ab.py), the memory-speed curve,
+#                  the Liger parity spec, kassay selftest on CUDA (~500 s)
+#   gputests       the whole GPU test suite (~400 s)
+set -uo pipefail
+stage=${1:?usage: h200_pending.sh timing|verdicts|flce|gputests}
+out=${OUT:-./h200-out}
+mkdir -p "$out"
+day=$(date +%F)
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv \
+    >"$out/gpu-$stage.csv" 2>&1
+
+step() {  # step NAME SECONDS CMD...: run with a time limit, keep its log, say how it ended
+    local name=$1 limit=$2
+    shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: rc=$rc in $((SECONDS - t0)) s"
+    tail -n 15 "$out/$name.log"
+}
+
+case $stage in
+timing)
+    step ci-latency 330 python3 bench/ci_latency.py --out "$out/ci-latency-h200-$day.json"
+    step h200-engine 240 python3 -m kassay.cli run examples/h200.yaml --device cuda --quiet \
+        --json "$out/h200-engine-$day.json" --markdown "$out/h200-engine-$day.md"
+    ;;
+verdicts)
+    step verdicts 570 python3 bench/verdicts.py --device cuda --skip wall mutants \
+        --spec examples/smoke.yaml --spec examples/h200.yaml --seeds 3 \
+        --out "$out/verdicts-h200-$day.json"
+    ;;
+flce)
+    if [ -d .ab_base/service ]; then
+        step flce-ab 200 python3 research/flce_package_ab.py --base .ab_base/service \
+            --new service --out "$out/flce-package-ab-h200-$day.json"
+    else
+        echo "== flce-ab: skipped, no .ab_base (see research/flce_package_ab.py)"
+    fi
+    step flce-budgets 200 python3 bench/flce.py --budgets --out "$out/flce-budgets-h200-$day.json"
+    step liger-parity 80 python3 -m kassay.cli run examples/flce-liger-parity.yaml \
+        --device cuda --quiet --json "$out/flce-liger-parity-h200-$day.json"
+    step selftest 80 python3 -m kassay.cli selftest --device cuda
+    ;;
+gputests)
+    step gpu-tests 570 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
+    ;;
+*)
+    echo "unknown stage: $stage" >&2
+    exit 2
+    ;;
+esac
