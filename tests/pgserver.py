@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ports import free_port as _free_port
+from kassay.ports import free_port as _free_port
 
 INSTALL_HINT = "install Debian's postgresql package (apt-get install -y postgresql)"
 SUPERUSER = "kassay"

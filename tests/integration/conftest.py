@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ports import free_port
+
+from kassay.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 WRITE_TOKEN = "itest-write"

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ports import free_port as _free_port
+
+from kassay.ports import free_port as _free_port
 
 grpc = pytest.importorskip("grpc")
 pytest.importorskip("grpc_health")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kassay.ports import free_port
+
 _log = logging.getLogger("kassay.serve")
 
 
@@ -127,12 +129,6 @@ def cmd_api(args: argparse.Namespace) -> int:
 
 
 # ----------------------------------------------------------------------------------- serve
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def best_device(requested: str) -> str:

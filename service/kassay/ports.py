@@ -1,12 +1,13 @@
-"""Loopback ports for the processes the tests start.
+"""Free ports for servers this process starts in other processes (`kassay serve`'s workers, the
+tests' APIs and workers).
 
-`bind(("127.0.0.1", 0))` hands out a port from the kernel's ephemeral range, and that same range
-feeds the local ports of outgoing connections: between the probe closing its socket and the
-started server binding the port, a gRPC or PostgreSQL client connection may take it (CI saw
-"[Errno 98] address already in use" from an API started on such a port). Ports below the
-ephemeral range are never given to outgoing connections, so a port picked there stays free
-unless someone binds it on purpose; the ports handed out in this process are remembered so two
-tests never get the same one.
+`bind((host, 0))` hands out a port from the kernel's ephemeral range, and that same range feeds
+the local ports of outgoing connections: between the probe closing its socket and the started
+server binding the port (seconds: a worker imports torch first), a gRPC, HTTP or PostgreSQL
+client connection may take it (CI saw "[Errno 98] address already in use" from an API started
+on such a port). Ports below the ephemeral range are never given to outgoing connections, so a
+port picked there stays free unless someone binds it on purpose; the ports handed out in this
+process are remembered so two callers never get the same one.
 """
 
 from __future__ import annotations
