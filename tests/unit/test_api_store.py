@@ -158,6 +158,17 @@ def test_cancel_skips_the_rest(store):
     assert store.record_result(job.id, _result(claim, "te_style")) is None
 
 
+def test_jobs_counted_by_state_and_queue_depth(store):
+    assert store.count_by_state() == {} and store.queue_depth() == 0
+    a, _ = _create(store)
+    b, _ = _create(store)
+    groups = store.queue_depth()
+    assert store.count_by_state() == {"queued": 2} and groups > 0
+    store.cancel_job(a.id)
+    assert store.count_by_state() == {"queued": 1, "cancelled": 1}
+    assert store.queue_depth() == groups // 2 and b.state == "queued"
+
+
 def test_list_filters_and_pages(store):
     ids = [_create(store)[0].id for _ in range(3)]
     _create(store, spec={**SPEC, "name": "other", "labels": {"repo": "x"}})

@@ -8,10 +8,10 @@ so take max, not sum, over replicas)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from sqlalchemy import Engine, func, select
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -74,14 +74,11 @@ class ApiMetrics:
         for op in ops:
             self.admission_seconds.labels(op).observe(seconds)
 
-    def read_database(self, engine: Engine, queue_depth: int) -> None:
-        """Set the gauges that count what the database holds (at scrape time)."""
+    def set_database_gauges(self, counts: Mapping[str, int], queue_depth: int) -> None:
+        """Set the gauges that count what the database holds (read at scrape time): `counts`
+        jobs by state, `queue_depth` pending groups."""
         from kassay.api.store import JOB_STATES
-        from kassay.api.tables import jobs
 
-        with engine.connect() as conn:
-            rows = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all()
-        counts = {str(state): int(n) for state, n in rows}
         for state in (*JOB_STATES, *counts):  # every state, 0 included, so a series never gaps
             self.jobs_by_state.labels(state).set(counts.get(state, 0))
         self.queue_depth.set(queue_depth)

@@ -76,7 +76,8 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
 async def metrics(svc: Annotated[Services, Depends(services)]) -> Response:
     """Prometheus metrics (a read: with locked reads, scrape with a read token as bearer)."""
     depth = await run_in_threadpool(svc.store.queue_depth)
-    await run_in_threadpool(svc.metrics.read_database, svc.store.engine, depth)
+    counts = await run_in_threadpool(svc.store.count_by_state)
+    svc.metrics.set_database_gauges(counts, depth)
     svc.metrics.workers_up.set(svc.dispatcher.workers_up())
     svc.metrics.workers_known.set(len(svc.dispatcher.links))
     return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

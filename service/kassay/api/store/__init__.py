@@ -54,6 +54,7 @@ class Store:
         self.require_job = self.jobs.require_job
         self.list_jobs = self.jobs.list_jobs
         self.active_job_ids = self.jobs.active_job_ids
+        self.count_by_state = self.jobs.count_by_state
         self.overdue_jobs = self.jobs.overdue_jobs
         self.queue_depth = self.queue.queue_depth
         self.claim_groups = self.queue.claim_groups

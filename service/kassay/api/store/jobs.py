@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, and_, bindparam, insert, select, update
+from sqlalchemy import ColumnElement, Engine, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
 from kassay.api.tables import STATUS_COLUMNS, cases, groups, job_labels, jobs
@@ -281,6 +281,12 @@ class Jobs:
             q = q.where(cond)
         with self.engine.connect() as conn:
             return [_record(r) for r in conn.execute(q)]
+
+    def count_by_state(self) -> dict[str, int]:
+        """How many jobs are in each state (states with none are absent)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(jobs.c.state, func.count()).group_by(jobs.c.state)).all()
+        return {str(state): int(n) for state, n in rows}
 
     def active_job_ids(self) -> list[str]:
         with self.engine.connect() as conn:
