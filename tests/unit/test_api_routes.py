@@ -261,6 +261,19 @@ def test_readyz_is_the_database_not_the_workers(tmp_path):
         r = c.get("/readyz")
         assert r.status_code == 200 and r.json()["workers_up"] == 0
         assert c.get("/v1/workers").json()[0]["state"] == "unknown"
+        # a job queues meanwhile; the metrics tell the workers' health and the queue apart
+        assert c.post("/v1/jobs", json=SPEC).status_code == 201
+        from prometheus_client.parser import text_string_to_metric_families
+
+        seen = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(c.get("/metrics").text)
+            for s in fam.samples
+        }
+        assert seen[("kassay_queue_groups", ())] == 2  # K=[2, 3]: two input groups
+        assert seen[("kassay_jobs", (("state", "queued"),))] == 1
+        assert seen[("kassay_jobs", (("state", "running"),))] == 0
+        assert seen[("kassay_workers", ())] == 1 and seen[("kassay_workers_up", ())] == 0
 
         def down() -> bool:
             raise OSError("the database is gone")
