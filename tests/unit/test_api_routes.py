@@ -330,6 +330,9 @@ def test_code_is_refused_unless_the_server_allows_it(tmp_path):
         assert again.json()["digest"] == digest and len(c.get("/v1/artifacts").json()) == 1
         r = c.post("/v1/jobs", json={**SPEC, "artifacts": [digest]})
         assert r.status_code == 201, r.text
+        # the store records which job named which artifact
+        named = c.app.state.services.store.artifacts.of_job(r.json()["id"])
+        assert [a.digest for a in named] == [digest]
         # the device-memory estimate applies to a job that brings code as to any other
         c.app.state.services.dispatcher.links = [
             WorkerLink(
