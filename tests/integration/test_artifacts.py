@@ -6,11 +6,13 @@ travel over the same authenticated channel as runs."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,8 @@ CODE_TOKEN = "itest-code"
 #: the API and the worker share it: artifacts reach the worker over the authenticated channel
 WORKER_TOKEN = "itest-byok-worker-token-" + secrets.token_hex(8)
 SECRET = "kassay-secret-" + secrets.token_hex(8)
-MAX_ARTIFACT_BYTES = 1_000_000
+#: over the API's 1 MiB PutArtifact chunks, so that an artifact can travel as several
+MAX_ARTIFACT_BYTES = 3_000_000
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
 PIP_WHEEL += ["--no-index"]
 
@@ -105,6 +108,21 @@ def impls():
             ("h_fork", _fork_bomb), ("h_memory", _memory), ("h_spin", _spin),
             ("h_segfault", _segfault)]
     return [Impl("lse_merge", name, run) for name, run in made]
+"""
+
+#: an impl that reports where it runs, and whether an earlier group left its marker there
+WHERE = """
+import os
+from kassay.impls import Impl
+
+def _where(inputs, params):
+    before = sorted(os.listdir("."))
+    with open("marker.txt", "w") as fh:
+        fh.write("left by an earlier group")
+    raise RuntimeError(f"cwd={os.getcwd()} home={os.environ['HOME']} before={before}")
+
+def impls():
+    return [Impl("lse_merge", "w_where", _where)]
 """
 
 EXIT_AT_IMPORT = """
@@ -385,6 +403,56 @@ def test_hostile_artifacts_fail_only_their_own_cases(code_stack: CodeStack) -> N
     while _sandbox_processes() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _sandbox_processes() == []
+
+
+def test_each_group_gets_a_fresh_working_directory_removed_when_it_ends(
+    code_stack: CodeStack,
+) -> None:
+    """Two groups of one code job: each runs in a working directory of its own (its HOME too)
+    that no other group wrote in, and neither is left once the job is over. The module is
+    padded past 2 MiB, so it reaches the worker in several PutArtifact chunks."""
+    module = code_stack.tmp / "kassay_where.py"
+    module.write_text(WHERE + "#" * 2_500_000 + "\n")
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(module).digest
+        spec = _spec(["torch", "w_where"], [digest], K=[2, 3])
+        job = kc.jobs.wait(kc.jobs.create(spec).id, timeout=180)
+        report = kc.jobs.report(job.id)
+    where = [c.message for c in report.cases if c.impl == "w_where"]
+    assert len(where) == 2 and all(c.status == "passed" for c in report.cases if c.impl == "torch")
+    seen = []
+    for message in where:
+        found = re.search(r"cwd=(\S+) home=(\S+) before=(\[.*?\])", message)
+        assert found, message
+        cwd, home, before = found.group(1), found.group(2), found.group(3)
+        assert cwd == home and "marker.txt" not in before, message
+        seen.append(cwd)
+    assert len(set(seen)) == 2, seen
+    assert not [d for d in seen if Path(d).exists()], "a working directory outlived its group"
+
+
+def test_a_wheel_pinning_another_torch_fails_its_cases_saying_why(code_stack: CodeStack) -> None:
+    """Installed without dependencies: a wheel whose Requires-Dist the worker's environment does
+    not meet is refused at install, and the job's cases say what and why."""
+    wheel = code_stack.tmp / "pinned" / "pinned_kernels-0.1-py3-none-any.whl"
+    wheel.parent.mkdir()
+    info = "pinned_kernels-0.1.dist-info"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("pinned_kernels/__init__.py", "def impls():\n    return []\n")
+        zf.writestr(
+            f"{info}/METADATA",
+            "Metadata-Version: 2.1\nName: pinned-kernels\nVersion: 0.1\n"
+            "Requires-Dist: torch==1.0.0\n",
+        )
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\n")
+        zf.writestr(f"{info}/entry_points.txt", "[kassay.impls]\npinned = pinned_kernels:impls\n")
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(wheel).digest
+        job = kc.jobs.wait(kc.jobs.create(_spec(["torch"], [digest])).id, timeout=120)
+        (case,) = _cases(kc, job.id).values()
+    assert job.ok is False and case.status == "error"
+    assert "needs torch==1.0.0 and the worker has torch" in case.message
+    assert "without dependencies" in case.message
 
 
 def test_an_artifact_that_exits_at_import_fails_only_its_job(code_stack: CodeStack) -> None:

@@ -5,6 +5,7 @@ talking to such workers end to end, and /v1/workers not giving away run ids."""
 from __future__ import annotations
 
 import datetime
+import hashlib
 import ipaddress
 import subprocess
 import sys
@@ -264,7 +265,21 @@ def token_worker(module_procs: Any) -> Iterator[Any]:
         w.stop()
 
 
+INTRUDER = b"def impls():\n    return []\n"
+
+
+def _chunks(data: bytes, digest: str, filename: str) -> Iterator[pb.ArtifactChunk]:
+    """An artifact as the API sends it: PutArtifact messages of ARTIFACT_CHUNK_BYTES, the first
+    naming the digest and the file."""
+    from kassay.api.dispatcher import ARTIFACT_CHUNK_BYTES as step
+
+    for i in range(0, max(len(data), 1), step):
+        head = {"digest": digest, "filename": filename} if i == 0 else {}
+        yield pb.ArtifactChunk(size=len(data), data=data[i : i + step], **head)
+
+
 def test_calls_without_the_right_token_are_unauthenticated(token_worker: Any) -> None:
+    intruder_digest = hashlib.sha256(INTRUDER).hexdigest()
     with _channel(token_worker.extra["address"]) as ch:
         stub = worker_pb2_grpc.WorkerStub(ch)
         run = pb.RunRequest(run_id="intruder", groups=[_group("g-intruder", ["torch"])])
@@ -284,10 +299,20 @@ def test_calls_without_the_right_token_are_unauthenticated(token_worker: Any) ->
                 "Cancel": lambda md=md: stub.Cancel(
                     pb.CancelRequest(run_id="intruder"), metadata=md, timeout=10
                 ),
+                "ArtifactStatus": lambda md=md: stub.ArtifactStatus(
+                    pb.ArtifactStatusRequest(digests=[intruder_digest]), metadata=md, timeout=10
+                ),
+                "PutArtifact": lambda md=md: stub.PutArtifact(
+                    _chunks(INTRUDER, intruder_digest, "intruder.py"), metadata=md, timeout=10
+                ),
             }
             for name, call in calls.items():
                 assert _refused(call) == (grpc.StatusCode.UNAUTHENTICATED, "AUTH"), (name, md)
-        # nothing of the refused runs was queued or run
+        # nothing of the refused runs was queued or run, nor any artifact kept
+        missing = stub.ArtifactStatus(
+            pb.ArtifactStatusRequest(digests=[intruder_digest]), metadata=_auth(), timeout=10
+        ).missing
+        assert list(missing) == [intruder_digest]
         d = stub.Describe(pb.DescribeRequest(), metadata=_auth(), timeout=30)
         assert d.executor.state == pb.EXECUTOR_STATE_IDLE and d.executor.queued_groups == 0
         ok = _results(stub.Run(pb.RunRequest(groups=[_group("g-ok", ["torch"])]), metadata=_auth()))
@@ -343,6 +368,39 @@ def test_the_worker_caps_what_a_run_may_ask(token_worker: Any) -> None:
         timed = run(pb.RunRequest(groups=[long_timing]))["torch"]
         assert timed.status == "passed", timed.message
         assert 1 <= timed.timing.n < 100_000
+
+
+def test_an_artifact_arrives_in_chunks_and_is_kept_only_if_it_matches_its_digest(
+    token_worker: Any,
+) -> None:
+    """Over the authenticated channel: an artifact of several chunks is reassembled and kept by
+    its sha256, once; bytes that do not hash to the digest sent are refused and not kept."""
+    # a module of ~2.5 MiB: three PutArtifact messages
+    data = b"def impls():\n    return []\n" + b"# padding " * 260_000 + b"\n"
+    digest = hashlib.sha256(data).hexdigest()
+    assert len(list(_chunks(data, digest, "big_module.py"))) == 3
+    with _channel(token_worker.extra["address"]) as ch:
+        stub = worker_pb2_grpc.WorkerStub(ch)
+
+        def missing(*digests: str) -> list[str]:
+            ask = pb.ArtifactStatusRequest(digests=list(digests))
+            return list(stub.ArtifactStatus(ask, metadata=_auth(), timeout=10).missing)
+
+        assert missing(digest) == [digest]
+        forged = data[:-1] + b"#"  # one byte changed in the last chunk
+        refused = _refused(
+            lambda: stub.PutArtifact(
+                _chunks(forged, digest, "big_module.py"), metadata=_auth(), timeout=60
+            )
+        )
+        assert refused == (grpc.StatusCode.INVALID_ARGUMENT, "ARTIFACT_REFUSED")
+        assert missing(digest) == [digest]
+        put = stub.PutArtifact(_chunks(data, digest, "big_module.py"), metadata=_auth(), timeout=60)
+        assert (put.digest, put.size, put.existed) == (digest, len(data), False)
+        again = stub.PutArtifact(
+            _chunks(data, digest, "big_module.py"), metadata=_auth(), timeout=60
+        )
+        assert again.existed is True and missing(digest) == []
 
 
 def test_api_with_the_token_runs_jobs_and_workers_show_no_run_ids(

@@ -261,6 +261,19 @@ def test_readyz_is_the_database_not_the_workers(tmp_path):
         r = c.get("/readyz")
         assert r.status_code == 200 and r.json()["workers_up"] == 0
         assert c.get("/v1/workers").json()[0]["state"] == "unknown"
+        # a job queues meanwhile; the metrics tell the workers' health and the queue apart
+        assert c.post("/v1/jobs", json=SPEC).status_code == 201
+        from prometheus_client.parser import text_string_to_metric_families
+
+        seen = {
+            (s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(c.get("/metrics").text)
+            for s in fam.samples
+        }
+        assert seen[("kassay_queue_groups", ())] == 2  # K=[2, 3]: two input groups
+        assert seen[("kassay_jobs", (("state", "queued"),))] == 1
+        assert seen[("kassay_jobs", (("state", "running"),))] == 0
+        assert seen[("kassay_workers", ())] == 1 and seen[("kassay_workers_up", ())] == 0
 
         def down() -> bool:
             raise OSError("the database is gone")
@@ -286,6 +299,74 @@ def test_admission_compares_with_free_device_memory(tmp_path):
         r = c.post("/v1/jobs", json=big)
         assert r.status_code == 422 and r.json()["error"] == "ResourceError"
         assert "free" in r.json()["message"]
+
+
+MODULE = b"from kassay.impls import Impl\n\ndef impls():\n    return []\n"
+
+
+def _upload(c: TestClient, data: bytes = MODULE, name: str = "mine.py") -> object:
+    return c.post(
+        "/v1/artifacts",
+        params={"filename": name},
+        content=data,
+        headers={"content-type": "application/octet-stream"},
+    )
+
+
+def test_code_is_refused_unless_the_server_allows_it(tmp_path):
+    """No code tokens: a deployment's default refuses code (403), jobs without artifacts go on;
+    KASSAY_ALLOW_CODE=true (what `kassay serve` sets) lets whoever may write bring code."""
+    code_spec = {**SPEC, "artifacts": ["a" * 64]}
+    with _client(tmp_path / "deployment") as c:
+        r = _upload(c)
+        assert r.status_code == 403 and "accepts no code" in r.json()["message"]
+        r = c.post("/v1/jobs", json=code_spec)
+        assert r.status_code == 403 and "KASSAY_CODE_TOKENS" in r.json()["message"]
+        assert c.post("/v1/jobs", json=SPEC).status_code == 201
+    with _client(tmp_path / "one-machine", allow_code=True) as c:
+        first, again = _upload(c), _upload(c)
+        assert (first.status_code, again.status_code) == (201, 200), first.text
+        digest = first.json()["digest"]
+        assert again.json()["digest"] == digest and len(c.get("/v1/artifacts").json()) == 1
+        r = c.post("/v1/jobs", json={**SPEC, "artifacts": [digest]})
+        assert r.status_code == 201, r.text
+        # the store records which job named which artifact
+        named = c.app.state.services.store.artifacts.of_job(r.json()["id"])
+        assert [a.digest for a in named] == [digest]
+        # the device-memory estimate applies to a job that brings code as to any other
+        c.app.state.services.dispatcher.links = [
+            WorkerLink(
+                "w:1",
+                state="up",
+                memory_bytes=10_000,
+                ops={"lse_merge": ["torch"]},
+                sandbox={"artifacts": True},
+            )
+        ]
+        params = {"T": 4096, "Hh": 8, "D": 128}
+        big = {"artifacts": [digest], "suites": [{**SPEC["suites"][0], "params": params}]}
+        r = c.post("/v1/jobs", json={**SPEC, **big})
+        assert r.status_code == 422 and r.json()["error"] == "ResourceError", r.text
+
+
+def test_kassay_serve_allows_code_for_its_user_unless_told_not_to(tmp_path, monkeypatch):
+    from kassay.api import cli
+
+    def allow_code() -> bool:
+        args = cli.build_serve_parser().parse_args(
+            ["--device", "cpu", "--port", "0", "--data-dir", str(tmp_path / "data")]
+        )
+        emb = cli._embedded(args, "serve")
+        assert emb is not None
+        return bool(emb.make_server().config.app.state.settings.allow_code)
+
+    monkeypatch.delenv("KASSAY_ALLOW_CODE", raising=False)
+    monkeypatch.delenv("KASSAY_CODE_TOKENS", raising=False)
+    assert allow_code() is True
+    monkeypatch.setenv("KASSAY_ALLOW_CODE", "false")
+    assert allow_code() is False
+    monkeypatch.delenv("KASSAY_ALLOW_CODE")
+    assert Settings().allow_code is False  # `kassay api` (a deployment) does not
 
 
 def test_a_job_past_its_time_cap_ends_as_timeout(tmp_path):

@@ -5,6 +5,7 @@ against a sandboxed executor that sends garbage."""
 from __future__ import annotations
 
 import io
+import sys
 import zipfile
 from pathlib import Path
 
@@ -113,3 +114,36 @@ def test_the_executor_protocol_reads_json_only_within_a_size() -> None:
         Channel.decode(b"[1]")
     with pytest.raises(ProtocolError, match="limit"):
         Channel.frame_size((MAX_FRAME_BYTES + 1).to_bytes(4, "big"))
+
+
+def test_artifact_impls_load_as_plugins_do_but_take_no_taken_name(tmp_path: Path, monkeypatch):
+    """In the executor: an artifact's impls are registered (kind `artifact`) from its installed
+    folder; one that would take a built-in's name, and an entry point that raises, are left out
+    and reported, and the built-in stays what it was."""
+    from kassay.impls import registry
+    from kassay.worker.executor import load_artifacts
+
+    registry.load(plugins=False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    builtin = registry.get_impl("lse_merge", "torch")
+    clash = (
+        "from kassay.impls import Impl\n"
+        "def _run(inputs, params):\n    raise RuntimeError('never run')\n"
+        "def impls():\n"
+        "    return [Impl('lse_merge', 'torch', _run), Impl('lse_merge', 'mine_ok', _run)]\n"
+    )
+    broken = "def impls():\n    raise RuntimeError('broken at load')\n"
+    cache = ArtifactCache(tmp_path, max_bytes=1 << 20)
+    sites = []
+    for name, text in (("kassay_clash.py", clash), ("kassay_broken.py", broken)):
+        data = text.encode()
+        cache.put(sha256(data), name, [data])
+        sites.append(str(cache.install(sha256(data))))
+    errors = load_artifacts(sites)
+    assert len(errors) == 2, errors
+    assert "impl 'torch' of op 'lse_merge' is already taken" in errors[0]
+    assert "RuntimeError: broken at load" in errors[1]
+    assert registry.get_impl("lse_merge", "mine_ok").kind == "artifact"
+    assert registry.get_impl("lse_merge", "torch") is builtin
+    sys.modules.pop("kassay_clash", None)  # the artifact's module stays test-local

@@ -271,3 +271,71 @@ def test_cli_unreachable_is_exit_3(tmp_path, capsys):
     free = httpx.URL("http://127.0.0.1:9")  # discard port: nothing listens
     assert main(["submit", str(spec), "--server", str(free)]) == 3
     assert "cannot reach" in capsys.readouterr().err
+
+
+def _artifact_server(seen: list[httpx.Request]) -> httpx.MockTransport:
+    """Stores uploads by sha256 (201, then 200) and accepts jobs, recording every request."""
+    import hashlib
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/v1/artifacts":
+            digest = hashlib.sha256(request.content).hexdigest()
+            known = any(
+                r.url.path == "/v1/artifacts" and r.content == request.content for r in seen[:-1]
+            )
+            return httpx.Response(
+                200 if known else 201,
+                json={
+                    "digest": digest,
+                    "filename": request.url.params["filename"],
+                    "kind": "module",
+                    "size": len(request.content),
+                    "created_at": "2026-12-02T00:00:00Z",
+                },
+            )
+        return httpx.Response(201, json=job_json("finished", 2, passed=2))
+
+    return httpx.MockTransport(handler)
+
+
+def test_artifacts_upload_from_both_clients_and_several_from_the_cli(tmp_path, monkeypatch):
+    import hashlib
+
+    import kassay_client.cli as cli
+
+    a, b = tmp_path / "mine.py", tmp_path / "other.py"
+    a.write_text("def impls():\n    return []\n")
+    b.write_text("def impls():\n    return [] \n")
+    digests = [hashlib.sha256(p.read_bytes()).hexdigest() for p in (a, b)]
+    seen: list[httpx.Request] = []
+    with Client("http://k", token="code", transport=_artifact_server(seen)) as c:
+        art = c.artifacts.upload(a)
+        assert (art.digest, art.filename, art.size) == (digests[0], "mine.py", a.stat().st_size)
+        c.jobs.create({"name": "n", "suites": [], "artifacts": [art.digest]}, artifacts=digests)
+    up, job = seen
+    assert up.method == "POST" and up.url.params["filename"] == "mine.py"
+    assert up.content == a.read_bytes() and up.headers["authorization"] == "Bearer code"
+    assert up.headers["content-type"] == "application/octet-stream"
+    assert json.loads(job.content)["artifacts"] == digests  # merged, each once
+
+    async def upload_async() -> str:
+        async with AsyncClient("http://k", transport=_artifact_server(seen)) as ac:
+            return (await ac.artifacts.upload(b)).digest
+
+    assert asyncio.run(upload_async()) == digests[1]
+
+    # `kassay submit --artifact A --artifact B`: both uploaded, both named by the job
+    seen.clear()
+    monkeypatch.setattr(
+        cli, "_client", lambda args: Client("http://k", transport=_artifact_server(seen))
+    )
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: n\nsuites: []\n")
+    from kassay.cli import main
+
+    argv = ["submit", str(spec), "--server", "http://k", "--artifact", str(a), "--artifact", str(b)]
+    assert main(argv) == 0
+    uploads = [r.url.params["filename"] for r in seen if r.url.path == "/v1/artifacts"]
+    (job,) = [r for r in seen if r.url.path == "/v1/jobs"]
+    assert uploads == ["mine.py", "other.py"] and json.loads(job.content)["artifacts"] == digests

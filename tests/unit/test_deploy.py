@@ -234,6 +234,26 @@ def test_gpu_requests_tolerations_node_selector_and_budgets() -> None:
         assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
 
 
+def test_workers_take_connections_from_the_api_only_and_open_none() -> None:
+    """The workers run as non-root (restricted), so artifact code has no network namespace:
+    the NetworkPolicy is what keeps it off the network (no egress), while the API may still
+    reach the gRPC port (answers to an admitted connection are not egress)."""
+    policy = _one("NetworkPolicy", "kassay-worker")["spec"]
+    workers = _one("StatefulSet", "kassay-worker")["spec"]["template"]["metadata"]["labels"]
+    api = _one("Deployment", "kassay-api")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= workers.items()
+    assert set(policy["policyTypes"]) == {"Ingress", "Egress"} and policy["egress"] == []
+    grpc_rules = [
+        rule
+        for rule in policy["ingress"]
+        if {"protocol": "TCP", "port": 50051} in rule.get("ports", [])
+    ]
+    assert len(grpc_rules) == 1
+    (peer,) = grpc_rules[0]["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= api.items()
+    assert not peer["podSelector"]["matchLabels"].items() <= workers.items()
+
+
 def test_every_kassay_variable_in_the_manifests_is_a_setting() -> None:
     """A misspelt KASSAY_* variable would be ignored silently (extra="ignore")."""
     fields = {f"KASSAY_{name.upper()}" for name in Settings.model_fields}

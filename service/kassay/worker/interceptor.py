@@ -141,6 +141,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+        if handler.stream_unary is not None:  # PutArtifact: chunks in, one answer out
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
         return handler
 
 
