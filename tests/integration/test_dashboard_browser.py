@@ -321,6 +321,17 @@ def test_job_page_plots_points_and_failed_limit(
                 assert f"{o['name']}: failed limit {m}" not in text
     assert "failed limit" in text
     _shot(page, "job")
+    # a click on a column's head sorts the cases by it (V numerically: 64 before 128), a second
+    # click reverses
+    col = heads.index("V")
+    head = page.locator(f"section.suite[data-suite='0'] table.cases thead th[data-col='{col}']")
+    column = """c => Array.from(document.querySelectorAll(
+      "section.suite[data-suite='0'] tbody.case")).map(b => Number(b.rows[0].cells[c].dataset.v))"""
+    head.click()
+    up = page.evaluate(column, col)
+    assert up == sorted(up) and len(set(up)) == 3, up
+    head.click()
+    assert page.evaluate(column, col) == sorted(up, reverse=True)
 
 
 def test_live_progress_without_reload(
