@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from kassay.validate.case_result import case_result
-from kassay.validate.results import Environment
+from kassay.validate.results import Environment, MemoryStats, OutputMetrics
 from kassay.validate.timing import stats
 
 H200 = Environment(
@@ -28,6 +28,23 @@ SPEC: dict[str, Any] = {
 }
 
 
+def _output(error: float) -> OutputMetrics:
+    return OutputMetrics(
+        name="out",
+        dtype="float32",
+        expected_dtype="float32",
+        shape=[8, 2, 4],
+        max_abs=10 * error,
+        max_rel=error,
+        rel_l2=error,
+        max_ulp=1,
+        nan=0,
+        inf=0,
+        ref_nan=0,
+        ref_inf=0,
+    )
+
+
 def finished_job(
     client: Any,
     labels: dict[str, str],
@@ -37,9 +54,12 @@ def finished_job(
     spec: dict[str, Any] | None = None,
     commit: str = "c",
     torch_status: str = "passed",
+    error: float = 1e-7,
+    peak_bytes: int = 1 << 20,
 ) -> str:
     """Submit a job (`client`: the app's TestClient) and write each case's result: te_style
-    timed `slow` times torch's, torch's status `torch_status`. Its id."""
+    timed `slow` times torch's, torch's status `torch_status`; one output `out` with rel_l2
+    `error` (max_abs 10x it) and `peak_bytes` of peak extra memory. Its id."""
     body = {**(spec or SPEC), "labels": {**labels, "commit": commit}}
     job = client.post("/v1/jobs", json=body).json()
     store = client.app.state.services.store
@@ -55,6 +75,8 @@ def finished_job(
                     impl,
                     torch_status if impl == "torch" else "passed",  # type: ignore[arg-type]
                     timing=stats(samples, "cuda_events", True),
+                    outputs=[_output(error)],
+                    memory=MemoryStats(measured=True, peak_extra_bytes=peak_bytes, model_bytes=1),
                     environment=env,
                 ),
             )

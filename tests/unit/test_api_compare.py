@@ -30,8 +30,10 @@ def client(tmp_path):
 
 def test_compare_by_id_and_by_labels(client) -> None:
     main = finished_job(client, {"branch": "main"}, commit="a1")
-    finished_job(client, {"branch": "other"}, slow=2.0)  # same name, other labels: never chosen
-    pr = finished_job(client, {"branch": "pr-7"}, slow=1.2, commit="b2")
+    # same name, other labels: never chosen
+    finished_job(client, {"branch": "other"}, slow=2.0, error=4e-7, peak_bytes=3 << 20)
+    # an error within the noise the tolerance policy allows (2x + rounding): no accuracy change
+    pr = finished_job(client, {"branch": "pr-7"}, slow=1.2, commit="b2", error=1.5e-7)
     by_id = client.get(f"/v1/jobs/{pr}/compare", params={"to": main}).json()
     by_labels = client.get(f"/v1/jobs/{pr}/compare", params={"to_labels": "branch=main"}).json()
     assert by_id == by_labels
@@ -54,7 +56,9 @@ def test_compare_by_id_and_by_labels(client) -> None:
     every = client.get("/v1/series", params={"key": key, "limit": 2}).json()["points"]
     assert [round(p["value"], 3) for p in every] == [2.006, 1.204]  # oldest first, last 2
     rel = client.get("/v1/series", params={"key": key, "metric": "rel_l2"}).json()
-    assert [p["value"] for p in rel["points"]] == [None, None, None]  # no outputs written
+    assert [p["value"] for p in rel["points"]] == [1e-7, 4e-7, 1.5e-7]
+    peak = client.get("/v1/series", params={"key": key, "metric": "peak_bytes"}).json()
+    assert [p["value"] for p in peak["points"]] == [1 << 20, 3 << 20, 1 << 20]
 
 
 def test_nothing_to_compare_and_bad_requests(client) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from written_jobs import SPEC, finished_job
+from written_jobs import H200, SPEC, finished_job
 
 from kassay.api.app import create_app
 from kassay.api.auth import SESSION_COOKIE, session_cookie, valid_session
@@ -143,6 +143,28 @@ def test_the_jobs_page_filters_by_state_name_and_label_and_pages(tmp_path: Path)
             url = older.group(1).replace("&amp;", "&") if older else ""
             assert not older or "state=finished" in url
         assert seen == [pr, main]
+
+
+def test_the_job_page_has_environment_failures_first_and_every_report(tmp_path: Path) -> None:
+    env = H200.model_copy(update={"driver": "570.1", "clocks": {"sm_max": "1980 MHz"}})
+    with _client(tmp_path) as c:
+        job = finished_job(c, {"branch": "main"}, env=env, torch_status="failed")
+        page = c.get(f"/jobs/{job}").text
+        env_table = re.search(r"<table class='env'>.*?</table>", page)
+        assert env_table is not None
+        for shown in ("NVIDIA H200", "570.1", "sm_max=1980 MHz", "<th>torch</th>"):
+            assert shown in env_table.group(0)
+        # the cases that did not pass are listed above the tables, and lead their table
+        assert page.index("Not passing (1)") < page.index("<table class='cases")
+        statuses = re.findall(r"<tbody class='case' id='[^']+' data-status='(\w+)'", page)
+        assert statuses == ["failed", "passed"]
+        links = re.findall(r"<a href='(/v1/jobs/[^']+/report\?format=(\w+))'>", page)
+        assert sorted({f for _, f in links}) == ["html", "json", "junit", "markdown"]
+        starts = {"html": "<!doctype html>", "json": "{", "junit": "<?xml", "markdown": "#"}
+        for url, fmt in links:
+            r = c.get(url)
+            assert r.status_code == 200 and r.text.lstrip().startswith(starts[fmt]), (fmt, r.text)
+        assert c.get(links[0][0].split("?")[0]).json()["job_id"] == job
 
 
 def test_the_history_page_marks_the_regression_against_the_job_before(tmp_path: Path) -> None:
