@@ -291,6 +291,15 @@ def test_job_page_plots_points_and_failed_limit(
     assert rendered == _expected_points(report)
     # a CPU worker measures no peak memory: that plot is empty (and says so)
     assert all(n > 0 for (_, plot), n in rendered.items() if plot != "memory")
+    # error on a log axis; speed in TFLOP/s or GB/s, with the roofline fraction a menu choice
+    axes = page.evaluate(
+        "() => window.kassayCharts.map(c => [c.plot, c.chart.options.scales.y.type,"
+        " c.chart.options.scales.y.title.text])"
+    )
+    assert {t for p, t, _ in axes if p == "error"} == {"logarithmic"}
+    assert {y for p, _, y in axes if p == "speed"} <= {"TFLOP/s", "GB/s"}
+    menus = page.locator("select[aria-label='speed metric']")
+    assert menus.count() == 2 and "% of roofline" in menus.first.inner_text()
     # only what varies within the flce suite gets a column: V and label_smoothing, not N or H
     heads = page.locator("section.suite[data-suite='0'] table.cases thead th").all_inner_texts()
     assert "V" in heads and "label_smoothing" in heads
