@@ -6,9 +6,11 @@ SDK (its httpx client is the app's test client) and through `kassay compare` / `
 
 from __future__ import annotations
 
+import asyncio
 import json
 import xml.etree.ElementTree as ET
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 from written_jobs import A100, SPEC, finished_job
@@ -16,7 +18,7 @@ from written_jobs import A100, SPEC, finished_job
 from kassay import cli
 from kassay.api.app import create_app
 from kassay.settings import Settings
-from kassay_client import Client
+from kassay_client import AsyncClient, Client
 from kassay_client import cli as client_cli
 from kassay_client.errors import ConflictError, NotFoundError
 
@@ -159,6 +161,22 @@ def test_the_sdk_compares_and_reads_series(client, sdk) -> None:
     assert [p.value for p in both.points] == pytest.approx([1.0, 1.2], rel=0.01)
     with pytest.raises(NotFoundError, match="no finished job named 'ci'"):
         sdk.jobs.compare(pr, to_labels={"branch": "nowhere"})
+
+
+def test_the_async_sdk_compares_and_reads_series(client) -> None:
+    main = finished_job(client, {"branch": "main"})
+    pr = finished_job(client, {"branch": "pr"}, slow=1.2)
+
+    async def ask():
+        transport = httpx.ASGITransport(app=client.app)
+        async with AsyncClient("http://testserver", transport=transport) as kc:
+            comparison = await kc.jobs.compare(pr, to_labels={"branch": "main"})
+            key = next(c.key for c in comparison.cases if c.regression)
+            return comparison, await kc.series(key, metric="device_median_ms")
+
+    comparison, series = asyncio.run(ask())
+    assert comparison.to_job_id == main and comparison.regression
+    assert [p.job_id for p in series.points] == [main, pr]
 
 
 def test_the_sdk_refuses_a_comparison_across_device_kinds(client, sdk) -> None:
