@@ -304,6 +304,13 @@ def test_job_page_plots_points_and_failed_limit(
     heads = page.locator("section.suite[data-suite='0'] table.cases thead th").all_inner_texts()
     assert "V" in heads and "label_smoothing" in heads
     assert "N" not in heads and "H" not in heads and "dtype" not in heads
+    # so the error and timing columns are on screen at 1400 px
+    right = page.evaluate(
+        """() => Array.from(document.querySelectorAll("table.cases thead th"))
+          .filter(th => ["rel-L2", "max-abs", "ms"].includes(th.textContent))
+          .map(th => th.getBoundingClientRect().right)"""
+    )
+    assert len(right) == 6 and max(right) <= 1400, right
     # failures first: the first row is the mutant's failure; its expansion names the limits
     failed = [c for c in report["cases"] if c["status"] == "failed"]
     assert failed, "the mutant fails with label smoothing"
