@@ -157,6 +157,8 @@ def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
                 job = client.jobs.list(labels={"commit": f"slow{i}"}).items[0]
                 s = _slowable(client.jobs.compare(job.id)).speed
                 assert s["verdict"] == "slower" and s["low"] > 1
+                # the interval came from both jobs' kept samples (worker -> API -> store)
+                assert s["method"] == "batch_medians"
                 ratios["slower"].append(s["ratio"])
             # `kassay compare` on the last slow job and the baseline: the same verdict, exit 4
             files = tmp_path / "cmp.json", tmp_path / "cmp.md"
