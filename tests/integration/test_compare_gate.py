@@ -10,6 +10,7 @@ runner the wall clock of a 2-core box moves by tens of percent between runs (ben
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -156,7 +157,26 @@ def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
                 job = client.jobs.list(labels={"commit": f"slow{i}"}).items[0]
                 s = _slowable(client.jobs.compare(job.id)).speed
                 assert s["verdict"] == "slower" and s["low"] > 1
+                # the interval came from both jobs' kept samples (worker -> API -> store)
+                assert s["method"] == "batch_medians"
                 ratios["slower"].append(s["ratio"])
+            # `kassay compare` on the last slow job and the baseline: the same verdict, exit 4
+            files = tmp_path / "cmp.json", tmp_path / "cmp.md"
+            r = subprocess.run(
+                [
+                    *(sys.executable, "-m", "kassay.cli", "compare", job.id, base.id),
+                    *("--server", url, "--token", procs.write_token, "--fail-on-regression"),
+                    *("--json", str(files[0]), "--markdown", str(files[1])),
+                ],
+                capture_output=True,
+                text=True,
+                env=procs.env(),
+                timeout=120,
+            )
+            assert r.returncode == 4, r.stderr
+            assert json.loads(files[0].read_text())["to_job_id"] == base.id
+            markdown = files[1].read_text()
+            assert "1 regression(s)" in markdown and markdown == r.stdout
             # without --fail-on-regression the gate reports but passes; an error outranks it
             code, err = _submit(procs, url, spec, "--compare-to", "branch=main")
             assert code == 0 and "1 regression(s)" in err, err

@@ -291,10 +291,26 @@ def test_job_page_plots_points_and_failed_limit(
     assert rendered == _expected_points(report)
     # a CPU worker measures no peak memory: that plot is empty (and says so)
     assert all(n > 0 for (_, plot), n in rendered.items() if plot != "memory")
+    # error on a log axis; speed in TFLOP/s or GB/s, with the roofline fraction a menu choice
+    axes = page.evaluate(
+        "() => window.kassayCharts.map(c => [c.plot, c.chart.options.scales.y.type,"
+        " c.chart.options.scales.y.title.text])"
+    )
+    assert {t for p, t, _ in axes if p == "error"} == {"logarithmic"}
+    assert {y for p, _, y in axes if p == "speed"} <= {"TFLOP/s", "GB/s"}
+    menus = page.locator("select[aria-label='speed metric']")
+    assert menus.count() == 2 and "% of roofline" in menus.first.inner_text()
     # only what varies within the flce suite gets a column: V and label_smoothing, not N or H
     heads = page.locator("section.suite[data-suite='0'] table.cases thead th").all_inner_texts()
     assert "V" in heads and "label_smoothing" in heads
     assert "N" not in heads and "H" not in heads and "dtype" not in heads
+    # so the error and timing columns are on screen at 1400 px
+    right = page.evaluate(
+        """() => Array.from(document.querySelectorAll("table.cases thead th"))
+          .filter(th => ["rel-L2", "max-abs", "ms"].includes(th.textContent))
+          .map(th => th.getBoundingClientRect().right)"""
+    )
+    assert len(right) == 6 and max(right) <= 1400, right
     # failures first: the first row is the mutant's failure; its expansion names the limits
     failed = [c for c in report["cases"] if c["status"] == "failed"]
     assert failed, "the mutant fails with label smoothing"
@@ -321,6 +337,17 @@ def test_job_page_plots_points_and_failed_limit(
                 assert f"{o['name']}: failed limit {m}" not in text
     assert "failed limit" in text
     _shot(page, "job")
+    # a click on a column's head sorts the cases by it (V numerically: 64 before 128), a second
+    # click reverses
+    col = heads.index("V")
+    head = page.locator(f"section.suite[data-suite='0'] table.cases thead th[data-col='{col}']")
+    column = """c => Array.from(document.querySelectorAll(
+      "section.suite[data-suite='0'] tbody.case")).map(b => Number(b.rows[0].cells[c].dataset.v))"""
+    head.click()
+    up = page.evaluate(column, col)
+    assert up == sorted(up) and len(set(up)) == 3, up
+    head.click()
+    assert page.evaluate(column, col) == sorted(up, reverse=True)
 
 
 def test_live_progress_without_reload(

@@ -1,36 +1,26 @@
 """Compare and series routes in-process (the dispatcher idle: results are written to the store as
 a worker's would be): by id, by labels, the verdict a spec's compare_to records, the reports
-that carry it, a refusal across device kinds, and the series of a case key."""
+that carry it, a refusal across device kinds, and the series of a case key; the same through the
+SDK (its httpx client is the app's test client) and through `kassay compare` / `kassay wait`
+(their exit codes and files)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import xml.etree.ElementTree as ET
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
+from written_jobs import A100, SPEC, finished_job
 
+from kassay import cli
 from kassay.api.app import create_app
 from kassay.settings import Settings
-from kassay.validate.case_result import case_result
-from kassay.validate.results import Environment
-from kassay.validate.timing import stats
-
-H200 = Environment(
-    device="cuda:0", device_name="NVIDIA H200", torch="2", kassay="0", python="3", hostname="a"
-)
-A100 = H200.model_copy(update={"device_name": "NVIDIA A100"})
-SPEC = {
-    "name": "ci",
-    "suites": [
-        {
-            "op": "lse_merge",
-            "impls": ["torch", "te_style"],
-            "params": {"T": 8, "Hh": 2, "D": 4, "dtype": "float32"},
-            "regimes": ["normal"],
-            "coverage": "none",
-        }
-    ],
-}
+from kassay_client import AsyncClient, Client
+from kassay_client import cli as client_cli
+from kassay_client.errors import ConflictError, NotFoundError
 
 
 @pytest.fixture
@@ -40,36 +30,12 @@ def client(tmp_path):
         yield c
 
 
-def _run(client, labels, *, slow=1.0, env=H200, spec=None, commit="c") -> str:
-    """Submit a job and write each case's result (te_style timed `slow` times torch's)."""
-    body = {**(spec or SPEC), "labels": {**labels, "commit": commit}}
-    job = client.post("/v1/jobs", json=body).json()
-    store = client.app.state.services.store
-    for job_id, group in store.pending_groups():
-        assert job_id == job["id"]
-        for impl in group.impls:
-            factor = slow if impl == "te_style" else 1.0
-            samples = [factor * (1 + 0.001 * (i % 7)) for i in range(50)]
-            store.record_result(
-                job["id"],
-                case_result(
-                    group,
-                    impl,
-                    "passed",
-                    timing=stats(samples, "cuda_events", True),
-                    environment=env,
-                ),
-            )
-        store.finish_group(job["id"], group.group_id)
-    store.add_environment(job["id"], env.model_dump(mode="json"))
-    assert client.get(f"/v1/jobs/{job['id']}").json()["state"] == "finished"
-    return job["id"]
-
-
 def test_compare_by_id_and_by_labels(client) -> None:
-    main = _run(client, {"branch": "main"}, commit="a1")
-    _run(client, {"branch": "other"}, slow=2.0)  # same name, other labels: never chosen
-    pr = _run(client, {"branch": "pr-7"}, slow=1.2, commit="b2")
+    main = finished_job(client, {"branch": "main"}, commit="a1")
+    # same name, other labels: never chosen
+    finished_job(client, {"branch": "other"}, slow=2.0, error=4e-7, peak_bytes=3 << 20)
+    # an error within the noise the tolerance policy allows (2x + rounding): no accuracy change
+    pr = finished_job(client, {"branch": "pr-7"}, slow=1.2, commit="b2", error=1.5e-7)
     by_id = client.get(f"/v1/jobs/{pr}/compare", params={"to": main}).json()
     by_labels = client.get(f"/v1/jobs/{pr}/compare", params={"to_labels": "branch=main"}).json()
     assert by_id == by_labels
@@ -92,11 +58,13 @@ def test_compare_by_id_and_by_labels(client) -> None:
     every = client.get("/v1/series", params={"key": key, "limit": 2}).json()["points"]
     assert [round(p["value"], 3) for p in every] == [2.006, 1.204]  # oldest first, last 2
     rel = client.get("/v1/series", params={"key": key, "metric": "rel_l2"}).json()
-    assert [p["value"] for p in rel["points"]] == [None, None, None]  # no outputs written
+    assert [p["value"] for p in rel["points"]] == [1e-7, 4e-7, 1.5e-7]
+    peak = client.get("/v1/series", params={"key": key, "metric": "peak_bytes"}).json()
+    assert [p["value"] for p in peak["points"]] == [1 << 20, 3 << 20, 1 << 20]
 
 
 def test_nothing_to_compare_and_bad_requests(client) -> None:
-    pr = _run(client, {"branch": "pr"})
+    pr = finished_job(client, {"branch": "pr"})
     r = client.get(f"/v1/jobs/{pr}/compare", params={"to_labels": "branch=main"})
     assert r.status_code == 404 and "no finished job named 'ci'" in r.json()["message"]
     r = client.get(f"/v1/jobs/{pr}/compare")
@@ -107,8 +75,8 @@ def test_nothing_to_compare_and_bad_requests(client) -> None:
 
 
 def test_cross_device_comparison_is_refused(client) -> None:
-    a = _run(client, {"branch": "main"}, env=A100)
-    b = _run(client, {"branch": "pr"})
+    a = finished_job(client, {"branch": "main"}, env=A100)
+    b = finished_job(client, {"branch": "pr"})
     r = client.get(f"/v1/jobs/{b}/compare", params={"to": a})
     assert r.status_code == 409 and r.json()["error"] == "IncomparableError"
     assert "NVIDIA A100" in r.json()["message"] and "same kind of device" in r.json()["message"]
@@ -118,10 +86,10 @@ def test_cross_device_comparison_is_refused(client) -> None:
 
 
 def test_compare_to_in_the_spec_records_the_verdict_and_reports_carry_it(client) -> None:
-    main = _run(client, {"branch": "main"})
+    main = finished_job(client, {"branch": "main"})
     spec = {**SPEC, "compare_to": {"labels": {"branch": "main"}, "threshold": 0.05}}
-    pr = _run(client, {"branch": "pr"}, slow=1.2, spec=spec)
-    later_main = _run(client, {"branch": "main"}, slow=1.2)  # finished after pr: not chosen
+    pr = finished_job(client, {"branch": "pr"}, slow=1.2, spec=spec)
+    later_main = finished_job(client, {"branch": "main"}, slow=1.2)  # finished after pr: not chosen
     verdict = client.get(f"/v1/jobs/{pr}/compare").json()
     assert verdict["to_job_id"] == main != later_main
     assert verdict["threshold"] == 0.05 and verdict["regression"] is True
@@ -139,7 +107,132 @@ def test_compare_to_in_the_spec_records_the_verdict_and_reports_carry_it(client)
     md = client.get(f"/v1/jobs/{pr}/report", params={"format": "markdown"}).text
     assert "compared with ci" in md and "1 regression(s)" in md
     # a job whose compare_to finds nothing records why
-    lonely = _run(client, {"branch": "x"}, spec={**SPEC, "compare_to": {"labels": {"b": "z"}}})
+    lonely = finished_job(
+        client, {"branch": "x"}, spec={**SPEC, "compare_to": {"labels": {"b": "z"}}}
+    )
     r = client.get(f"/v1/jobs/{lonely}/compare")
     assert r.status_code == 404 and "nothing to compare" in r.json()["message"]
     assert client.get(f"/v1/jobs/{lonely}/report").json()["comparison"] is None
+
+
+def test_a_recorded_verdict_stays_with_the_job(client) -> None:
+    main = finished_job(client, {"branch": "main"})
+    spec = {**SPEC, "compare_to": {"labels": {"branch": "main"}}}
+    pr = finished_job(client, {"branch": "pr"}, slow=1.2, spec=spec)
+    store = client.app.state.services.store
+    assert store.recorded_comparison(pr)[0] is False  # nothing asked for it yet
+    first = client.get(f"/v1/jobs/{pr}/report").json()["comparison"]
+    recorded, comparison, _ = store.recorded_comparison(pr)
+    assert recorded and comparison is not None and comparison.to_job_id == main
+    assert client.get(f"/v1/jobs/{pr}/compare").json() == first
+
+
+# ----------------------------------------------------------------------- the SDK and the CLI
+
+
+class _Sdk(Client):
+    """The SDK over the app's test client; the CLI's `with` does not close the shared one."""
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def sdk(client, monkeypatch):
+    kc = _Sdk("http://testserver", token=None, http_client=client)
+    monkeypatch.setattr(client_cli, "_client", lambda _args: kc)
+    return kc
+
+
+def test_the_sdk_compares_and_reads_series(client, sdk) -> None:
+    main = finished_job(client, {"branch": "main"}, commit="a1")
+    pr = finished_job(client, {"branch": "pr"}, slow=1.2, commit="b2")
+    by_id = sdk.jobs.compare(pr, to=main)
+    by_labels = sdk.jobs.compare(pr, to_labels={"branch": "main"})
+    assert by_id.model_dump() == by_labels.model_dump()
+    assert by_id.regression and by_id.to_job_id == main and by_id.summary.slower == 1
+    (slow,) = [c for c in by_id.cases if c.regression]
+    assert slow.impl == "te_style" and slow.speed["verdict"] == "slower"
+    assert not sdk.jobs.compare(pr, to=main, threshold=0.25).regression
+    assert "1 regression(s)" in sdk.jobs.compare(pr, to=main, format="markdown")
+    series = sdk.series(slow.key, labels={"branch": "main"})
+    assert [p.job_id for p in series.points] == [main] and series.points[0].labels["commit"] == "a1"
+    both = sdk.series(slow.key, metric="device_median_ms")
+    assert [p.value for p in both.points] == pytest.approx([1.0, 1.2], rel=0.01)
+    with pytest.raises(NotFoundError, match="no finished job named 'ci'"):
+        sdk.jobs.compare(pr, to_labels={"branch": "nowhere"})
+
+
+def test_the_async_sdk_compares_and_reads_series(client) -> None:
+    main = finished_job(client, {"branch": "main"})
+    pr = finished_job(client, {"branch": "pr"}, slow=1.2)
+
+    async def ask():
+        transport = httpx.ASGITransport(app=client.app)
+        async with AsyncClient("http://testserver", transport=transport) as kc:
+            comparison = await kc.jobs.compare(pr, to_labels={"branch": "main"})
+            key = next(c.key for c in comparison.cases if c.regression)
+            return comparison, await kc.series(key, metric="device_median_ms")
+
+    comparison, series = asyncio.run(ask())
+    assert comparison.to_job_id == main and comparison.regression
+    assert [p.job_id for p in series.points] == [main, pr]
+
+
+def test_the_sdk_refuses_a_comparison_across_device_kinds(client, sdk) -> None:
+    a100 = finished_job(client, {"branch": "main"}, env=A100)
+    h200 = finished_job(client, {"branch": "pr"})
+    with pytest.raises(ConflictError) as refused:
+        sdk.jobs.compare(h200, to=a100)
+    message = refused.value.message
+    assert "NVIDIA A100" in message and "NVIDIA H200" in message
+    assert "same kind of device" in message
+
+
+def test_kassay_compare_writes_files_and_exits_4_on_a_regression(
+    client, sdk, tmp_path, capsys
+) -> None:
+    main = finished_job(client, {"branch": "main"})
+    same = finished_job(client, {"branch": "pr"})
+    slow = finished_job(client, {"branch": "pr"}, slow=1.2)
+    a100 = finished_job(client, {"branch": "x"}, env=A100)
+    base = ["compare", "--server", "http://testserver"]
+    out_json, out_md = tmp_path / "c.json", tmp_path / "c.md"
+    files = ["--json", str(out_json), "--markdown", str(out_md)]
+    assert cli.main([*base, slow, main, *files, "--fail-on-regression"]) == 4
+    written = json.loads(out_json.read_text())
+    assert written["to_job_id"] == main and written["regression"] is True
+    markdown = out_md.read_text()
+    assert "1 regression(s)" in markdown and "slower" in markdown
+    assert capsys.readouterr().out == markdown  # printed too
+    # without --fail-on-regression it reports and passes; the same code has no regression
+    assert cli.main([*base, slow, main]) == 0
+    assert cli.main([*base, same, "--to-labels", "branch=main", "--fail-on-regression"]) == 0
+    # a 25% threshold lets the 20% through
+    assert cli.main([*base, slow, main, "--threshold", "25%", "--fail-on-regression"]) == 0
+    capsys.readouterr()
+    # across device kinds: refused, exit 2, the reason on stderr
+    assert cli.main([*base, slow, a100]) == 2
+    assert "same kind of device" in capsys.readouterr().err
+
+
+def test_kassay_wait_gate_exit_code_precedence(client, sdk, capsys) -> None:
+    """4 only when the regression is the only problem: a failed case outranks it (exit 1); a job
+    with nothing to compare with says so and passes."""
+    finished_job(client, {"branch": "main"})
+    gate = {**SPEC, "compare_to": {"labels": {"branch": "main"}}}
+    slow = finished_job(client, {"branch": "pr"}, slow=1.2, spec=gate)
+    slow_and_failing = finished_job(
+        client, {"branch": "pr"}, slow=1.2, spec=gate, torch_status="failed"
+    )
+    base = ["wait", "--server", "http://testserver", "--quiet"]
+    assert cli.main([*base, slow, "--fail-on-regression"]) == 4
+    assert "1 regression(s)" in capsys.readouterr().err
+    assert cli.main([*base, slow]) == 0
+    assert cli.main([*base, slow_and_failing, "--fail-on-regression"]) == 1
+    capsys.readouterr()
+    first = finished_job(
+        client, {"branch": "y"}, spec={**SPEC, "compare_to": {"labels": {"b": "z"}}}
+    )
+    assert cli.main([*base, first, "--fail-on-regression"]) == 0
+    assert "no comparison" in (err := capsys.readouterr().err) and "nothing to compare" in err

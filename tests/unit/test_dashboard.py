@@ -1,23 +1,35 @@
 """The dashboard's server side in-process: the limit a failed output broke, the params a case
-table shows, browser sign-in (a cookie that grants reads only), the offline docs and HTML
+table shows, what a case row expands to, the jobs page's filters and paging, the history page's
+regressions, browser sign-in (a cookie that grants reads only), the offline docs and HTML
 report, and the typed OpenAPI schema with its examples."""
 
 from __future__ import annotations
 
+import html
+import json
 import re
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from written_jobs import H200, SPEC, finished_job
 
 from kassay.api.app import create_app
 from kassay.api.auth import SESSION_COOKIE, session_cookie, valid_session
 from kassay.api.openapi_extras import JOB_SPEC_EXAMPLE, report_example
 from kassay.settings import Settings
-from kassay.validate.html_report import failed_limits, varying
+from kassay.validate.html_report import case_detail, failed_limits, varying
 from kassay.validate.reports import to_html, worst_output
-from kassay.validate.results import CaseResult, OutputMetrics, Report, Summary
+from kassay.validate.results import (
+    CaseResult,
+    MemoryStats,
+    OutputMetrics,
+    Report,
+    Summary,
+    WorstEntry,
+)
 from kassay.validate.spec import JobSpec
+from kassay.validate.timing import stats
 
 READ, WRITE = "read-token-1", "write-token-1"
 
@@ -85,9 +97,94 @@ def test_the_case_table_shows_only_the_params_that_vary() -> None:
     assert fixed == {"N": 16, "H": 32, "dtype": "float32", "regime": "normal", "seed": 0}
 
 
+def test_a_case_row_expands_to_errors_worst_elements_timing_and_memory() -> None:
+    worst = [WorstEntry(index=[2, 3], value=1.5, reference=1.25, abs_err=0.25)]
+    bad = _output(max_abs=0.25, passed=False, worst=worst)
+    case = _case(0, {"N": 4}, [bad])
+    timing = stats([1.0, 1.25, 1.5, 2.0], "cuda_events", True)
+    case.timing = timing.model_copy(update={"wall_median_ms": 1.75})
+    case.memory = MemoryStats(measured=True, peak_extra_bytes=3 << 20, model_bytes=2 << 20)
+    text = html.unescape(re.sub(r"<[^>]+>", "", case_detail(case)))
+    assert "failed limit max_abs 0.25 > limit 1e-05" in text  # the limit that failed
+    assert "1e-07 / 1e-06" in text  # each output's errors against its limits
+    assert "grad_input[2, 3]: got 1.5, want 1.25 (|err| 0.25)" in text  # worst elements
+    assert "device time (events, cuda_events): median 1.375 ms" in text
+    assert "wall 1.75 ms" in text and "samples (ms): 1, 1.25, 1.5, 2" in text
+    assert "peak extra 3.00 MiB against 2.00 MiB unavoidable" in text
+
+
 def _client(tmp_path: Path, **kw: object) -> TestClient:
     settings = Settings(database_url=f"sqlite:///{tmp_path}/k.db", **kw)  # type: ignore[arg-type]
     return TestClient(create_app(settings, dispatch=False))
+
+
+def _job_ids(page: str) -> list[str]:
+    return re.findall(r"<tr data-job-id='(job_[0-9a-f]+)'", page)
+
+
+def test_the_jobs_page_filters_by_state_name_and_label_and_pages(tmp_path: Path) -> None:
+    with _client(tmp_path) as c:
+        main = finished_job(c, {"branch": "main"})
+        pr = finished_job(c, {"branch": "pr"})
+        queued = c.post("/v1/jobs", json={**SPEC, "name": "other"}).json()["id"]
+        assert _job_ids(c.get("/").text) == [queued, pr, main]  # newest first
+        assert _job_ids(c.get("/", params={"state": "queued"}).text) == [queued]
+        assert _job_ids(c.get("/", params={"state": "finished"}).text) == [pr, main]
+        assert _job_ids(c.get("/", params={"name": "other"}).text) == [queued]
+        assert _job_ids(c.get("/", params={"label": "branch=pr"}).text) == [pr]
+        both = c.get("/", params={"state": "finished", "label": "branch=main"}).text
+        assert _job_ids(both) == [main]
+        # one job a page: "older" links walk every job once, keeping the filters
+        seen, url = [], "/?limit=1&state=finished"
+        while url:
+            text = c.get(url).text
+            seen += _job_ids(text)
+            older = re.search(r"<a href='(/\?[^']+)' rel='next'>", text)
+            url = older.group(1).replace("&amp;", "&") if older else ""
+            assert not older or "state=finished" in url
+        assert seen == [pr, main]
+
+
+def test_the_job_page_has_environment_failures_first_and_every_report(tmp_path: Path) -> None:
+    env = H200.model_copy(update={"driver": "570.1", "clocks": {"sm_max": "1980 MHz"}})
+    with _client(tmp_path) as c:
+        job = finished_job(c, {"branch": "main"}, env=env, torch_status="failed")
+        page = c.get(f"/jobs/{job}").text
+        env_table = re.search(r"<table class='env'>.*?</table>", page)
+        assert env_table is not None
+        for shown in ("NVIDIA H200", "570.1", "sm_max=1980 MHz", "<th>torch</th>"):
+            assert shown in env_table.group(0)
+        # the cases that did not pass are listed above the tables, and lead their table
+        assert page.index("Not passing (1)") < page.index("<table class='cases")
+        statuses = re.findall(r"<tbody class='case' id='[^']+' data-status='(\w+)'", page)
+        assert statuses == ["failed", "passed"]
+        links = re.findall(r"<a href='(/v1/jobs/[^']+/report\?format=(\w+))'>", page)
+        assert sorted({f for _, f in links}) == ["html", "json", "junit", "markdown"]
+        starts = {"html": "<!doctype html>", "json": "{", "junit": "<?xml", "markdown": "#"}
+        for url, fmt in links:
+            r = c.get(url)
+            assert r.status_code == 200 and r.text.lstrip().startswith(starts[fmt]), (fmt, r.text)
+        assert c.get(links[0][0].split("?")[0]).json()["job_id"] == job
+
+
+def test_the_history_page_marks_the_regression_against_the_job_before(tmp_path: Path) -> None:
+    with _client(tmp_path) as c:
+        jobs = [
+            finished_job(c, {"branch": "main"}, slow=s, commit=f"commit{i}")
+            for i, s in enumerate((1.0, 1.2, 1.2))
+        ]
+        finished_job(c, {"branch": "pr"}, slow=2.0)  # another branch: not in main's history
+        page = c.get("/history", params={"labels": "branch=main", "impl": "te_style"}).text
+    data = re.search(r"<script type='application/json' class='history-data'>(.*?)</script>", page)
+    assert data is not None
+    points = json.loads(data.group(1))["points"]
+    assert [p["job_id"] for p in points] == jobs
+    assert [p["x"] for p in points] == ["commit0", "commit1", "commit2"]
+    assert [p["regressed"]["device_median_ms"] for p in points] == [False, True, False]
+    assert [p["regression"] for p in points] == [False, True, False]
+    assert "3 finished jobs with branch=main, 1 regression(s) against the job before" in page
+    (item,) = re.findall(r"<ul class='regressions'><li>(.*?)</li></ul>", page)
+    assert jobs[1] in item and "slower: x1.200" in item
 
 
 def test_a_token_signs_a_browser_in_for_reads_only(tmp_path: Path) -> None:
