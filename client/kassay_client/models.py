@@ -75,7 +75,8 @@ class CaseResult(_Model):
     device: str | None = None
     environment: dict[str, Any] | None = None
     coverage: str = ""  # empty: a point of the job's grid; else why default coverage added it
-    flags: list[str] = Field(default_factory=list)  # baseline_suspect | nondeterministic | biased
+    # baseline_suspect | baseline_explained | nondeterministic | biased
+    flags: list[str] = Field(default_factory=list)
 
 
 class Summary(_Model):
@@ -89,6 +90,7 @@ class Summary(_Model):
     skipped: int = 0
     ok: bool = True
     baseline_suspect: int = 0
+    baseline_explained: int = 0
     nondeterministic: int = 0
     biased: int = 0
     added_by_coverage: int = 0

@@ -1,6 +1,7 @@
 """Verdict checks on CUDA: correct bfloat16 impls are not flagged biased or nondeterministic,
-kassay's float32 flce passes the default policy at the CI shape, and kassay's bfloat16
-lse_merge rounds to nearest (the CPU interpreter truncates)."""
+torch's bfloat16 flce at large logits is explained by its bf16 logits (not suspect), kassay's
+float32 flce passes the default policy at the CI shape, and kassay's bfloat16 lse_merge rounds
+to nearest (the CPU interpreter truncates)."""
 
 import pytest
 import torch
@@ -66,10 +67,11 @@ def test_correct_bf16_flce_impls_are_not_flagged() -> None:
     assert not bad, bad
 
 
-def test_bf16_large_logits_are_explicit_and_guard_the_baseline() -> None:
-    """|logits| ~ 1e3 in bfloat16: eager torch's gradients are several % off (16-bit logits),
-    so a suite that lists no regimes skips the regime for 16-bit flce; asked for explicitly,
-    the baseline is reported suspect and kassay is judged by the absolute policy."""
+def test_bf16_large_logits_are_explicit_and_the_baseline_is_explained() -> None:
+    """|logits| ~ 1e3 in bfloat16: eager torch's gradients are several % off the exact truth
+    (its bf16 logits), so a suite that lists no regimes still skips the regime for 16-bit flce;
+    asked for explicitly, torch's error is explained by the reference on bf16-rounded logits:
+    not suspect, its limits are used, its message gives both errors."""
     from kassay.validate.spec import expand, parse_spec
 
     p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
@@ -78,20 +80,19 @@ def test_bf16_large_logits_are_explicit_and_guard_the_baseline() -> None:
     )
     assert "large_logits" not in {g.regime for g in plain}
     cases = {c.impl: c for c in _run("flce", p, ["torch", "kassay"], "large_logits")}
-    assert "baseline_suspect" in cases["torch"].flags
+    torch_case = cases["torch"]
+    assert "baseline_suspect" not in torch_case.flags, torch_case.message
+    assert "baseline_explained" in torch_case.flags, torch_case.message
+    assert "against the reference with logits rounded to bfloat16" in torch_case.message
+    assert all(not o.baseline_suspect for o in torch_case.outputs)
+    assert all(o.policy == "baseline" for o in cases["kassay"].outputs)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="found on the H200 (2026-12-03): kassay's bf16 gradients at |logits| ~ 1e3 are "
-    "scaled by about -0.59% (grad_input and grad_weight), beyond the absolute bf16 policy, "
-    "after torch's bf16-rounded logits made the baseline suspect. Probably conditioning, not a "
-    "kernel bug: on the CPU in fp16 (N=64 H=64 V=2000) kassay and torch agree to three digits "
-    "(rel_l2 1.29e-2, bias -0.0997% both): float32 logits at |z| ~ 1e3 carry ~1e-4 absolute "
-    "error, which the near-one-hot softmax turns into percent-level gradient error. The floor "
-    "does not model that conditioning yet",
-)
 def test_kassay_bf16_large_logits_gradients_are_unbiased() -> None:
+    # Once xfail: torch's bf16 logits made the baseline suspect, so kassay (bias -0.59% against
+    # the exact truth on the H200) met the absolute policy. Both write bf16 logits; on the CPU in
+    # fp16 both are ~1e-4 off the reference on rounded logits, so the explained baseline's
+    # limits and bias are what kassay now meets.
     p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
     cases = {c.impl: c for c in _run("flce", p, ["torch", "kassay"], "large_logits")}
     assert cases["kassay"].status == "passed", cases["kassay"].message

@@ -105,3 +105,41 @@ def test_flags_and_coverage_marks_reach_every_format() -> None:
     from kassay.validate.table import summary_table
 
     assert "1 baseline suspect" in str(summary_table(rep).title)
+
+
+def test_an_explained_baseline_says_so_with_its_numbers_in_every_format() -> None:
+    from kassay.validate.results import CaseResult, Summary
+    from kassay.validate.table import summary_table
+
+    note = (
+        "grad_weight: baseline explained by its precision: rel_l2 0.0142 against the exact "
+        "reference, 9.11e-05 against the reference with logits rounded to float16; its limits "
+        "are used"
+    )
+    case = CaseResult(
+        case_id="g:torch",
+        group_id="g",
+        op="flce",
+        impl="torch",
+        params={"N": 16},
+        regime="large_logits",
+        seed=0,
+        dtype="float16",
+        status="passed",
+        message=note,
+        flags=["baseline_explained"],
+    )
+    rep = Report(name="f", summary=Summary.of([case]), cases=[case])
+    assert rep.summary.baseline_explained == 1 and rep.summary.ok
+    data = json.loads(reports.render(rep, "json"))
+    jsonschema.validate(data, json.loads((ROOT / "docs" / "report.schema.json").read_text()))
+    assert data["cases"][0]["message"] == note
+    md = reports.render(rep, "markdown")
+    assert "1 baseline explained by its precision" in md and "### Notes on passing cases" in md
+    assert "9.11e-05 against the reference with logits rounded to float16" in md
+    page = reports.render(rep, "html")
+    assert "baseline_explained" in page and "9.11e-05 against the reference" in page
+    junit = ET.fromstring(reports.render(rep, "junit").split("\n", 1)[1])
+    assert {p.get("name") for p in junit.iter("property")} == {"baseline_explained"}
+    assert next(junit.iter("system-out")).text == note and not list(junit.iter("failure"))
+    assert "1 baseline explained by its precision" in str(summary_table(rep).title)

@@ -110,6 +110,19 @@ class Op(ABC):
         out: Tensors = importlib.import_module(self.runtime_module).reference(inputs, params)
         return out
 
+    def precision_rounding(self, params: Any) -> str | None:
+        """In words, the rounding every correct impl at these params' precision does that the
+        exact reference does not and that can cost it far more than the rounding floor (flce in
+        a 16-bit compute dtype: "logits rounded to float16"); None (the default): none. The
+        engine then explains a baseline that looks suspect with `precision_reference`."""
+        return None
+
+    def precision_reference(self, inputs: Tensors, params: Any) -> Tensors:
+        """The float64 reference with the rounding `precision_rounding` names done: the result
+        a correct impl of this precision computes (imports torch; as costly as `reference`).
+        Only for params whose `precision_rounding` is not None."""
+        raise NotImplementedError(f"op {self.name!r} has no precision reference")
+
     @abstractmethod
     def flops(self, params: Any) -> float:
         """Nominal floating-point operations of one call (the convention used for TFLOP/s)."""

@@ -1054,7 +1054,7 @@ class CaseResult(_message.Message):
 
     @_builtins.property
     def flags(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """baseline_suspect | nondeterministic | biased"""
+        """baseline_suspect | baseline_explained | nondeterministic | biased"""
 
     def __init__(
         self,

@@ -50,6 +50,7 @@ def checks_line(s: Summary) -> str:
         f"{n} {what}"
         for n, what in (
             (s.baseline_suspect, "baseline suspect"),
+            (s.baseline_explained, "baseline explained by its precision"),
             (s.nondeterministic, "nondeterministic"),
             (s.biased, "biased"),
             (s.added_by_coverage, "added by coverage"),
@@ -127,6 +128,8 @@ def to_junit(report: Report) -> str:
                 msg = junit_message(regressed[c.case_id])
                 f = ET.SubElement(tc, "failure", message=msg[:500], type="regression")
                 f.text = "\n".join(regressed[c.case_id].reasons)
+            if c.status == "passed" and c.message:  # a note (e.g. a baseline explained)
+                ET.SubElement(tc, "system-out").text = c.message
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode")
 
@@ -228,6 +231,13 @@ def to_markdown(report: Report) -> str:
             )
         if len(bad) > 50:
             out.append(f"| … | {len(bad) - 50} more | | |")
+    noted = [c for c in report.cases if c.status == "passed" and c.message]
+    if noted:
+        out += ["", "### Notes on passing cases", "", "| op.impl | case | note |", "|---|---|---|"]
+        for c in noted[:50]:
+            out.append(f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {_md(c.message, 400)} |")
+        if len(noted) > 50:
+            out.append(f"| … | {len(noted) - 50} more | |")
     timed = [c for c in report.cases if c.timing]
     if timed:
         out += [

@@ -18,9 +18,12 @@ REPORT_SCHEMA_VERSION: Literal["kassay.report/v1"] = "kassay.report/v1"
 Status = Literal["passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped"]
 # Flags a case carries beside its status: why a verdict is what it is.
 #   baseline_suspect: the group's baseline is far from the truth; its limits were not used.
+#   baseline_explained: (on the baseline's case) its error would be suspect, but the case's
+#     precision explains it (e.g. flce's 16-bit logits at |z| ~ 1e3): its limits were used; the
+#     message gives both errors.
 #   nondeterministic: two runs on the same inputs differ (fails unless the impl declares it).
 #   biased: an output is scaled by a systematic factor beyond the baseline's.
-FLAGS: tuple[str, ...] = ("baseline_suspect", "nondeterministic", "biased")
+FLAGS: tuple[str, ...] = ("baseline_suspect", "baseline_explained", "nondeterministic", "biased")
 
 STATUSES: tuple[str, ...] = (
     "passed",
@@ -182,6 +185,7 @@ class Summary(BaseModel):
     ok: bool = True
     # cases carrying each flag, and cases at points default coverage added
     baseline_suspect: int = 0
+    baseline_explained: int = 0
     nondeterministic: int = 0
     biased: int = 0
     added_by_coverage: int = 0

@@ -132,8 +132,15 @@ def plant_hits(inputs: Tensors, params: FlceParams, seed: int) -> None:
     target[undecided] = low[undecided]
 
 
-def reference(inputs: Tensors, params: FlceParams) -> Tensors:
+def reference(
+    inputs: Tensors, params: FlceParams, logits_dtype: torch.dtype | None = None
+) -> Tensors:
     """Float64 loss and gradients, rows processed in chunks so memory stays bounded.
+
+    logits_dtype: round the logits z = x @ W^T + b to this dtype (once, bias in, as eager's addmm
+    and kassay's cuBLAS step write them into a 16-bit buffer) before the softcap and everything
+    after, which stay float64: the truth for an impl whose only rounding that matters is its
+    16-bit logits (`FlceOp.precision_reference`). None: the exact reference.
 
     With ce_weight c: row CE = (1-eps)·c[y]·(lse - z_y) + (eps/V)·Σ_j c_j·(lse - z_j) (torch's
     weighted cross_entropy), mean over Σ c[y] of the non-ignored rows; z-loss unweighted.
@@ -185,6 +192,8 @@ def reference(inputs: Tensors, params: FlceParams) -> Tensors:
         z = xc @ w64.T
         if b64 is not None:
             z += b64
+        if logits_dtype is not None:
+            z = z.to(logits_dtype).double()
         if p.softcap is not None:
             t = torch.tanh(z / p.softcap)
             z = p.softcap * t
