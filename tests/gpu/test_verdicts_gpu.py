@@ -1,5 +1,6 @@
 """Verdict checks on CUDA: correct bfloat16 impls are not flagged biased or nondeterministic,
-torch's bfloat16 flce at large logits is explained by its bf16 logits (not suspect), kassay's
+torch's bfloat16 flce at large logits is explained by its bf16 logits (not suspect) and the
+others are then judged tightly (a 3% error fails, correct impls pass), kassay's
 float32 flce passes the default policy at the CI shape, and kassay's bfloat16 lse_merge rounds
 to nearest (the CPU interpreter truncates)."""
 
@@ -85,7 +86,16 @@ def test_bf16_large_logits_are_explicit_and_the_baseline_is_explained() -> None:
     assert "baseline_explained" in torch_case.flags, torch_case.message
     assert "against the reference with logits rounded to bfloat16" in torch_case.message
     assert all(not o.baseline_suspect for o in torch_case.outputs)
-    assert all(o.policy == "baseline" for o in cases["kassay"].outputs)
+    # on the explained outputs kassay is judged by the two rules (no limit against the exact
+    # errors), elsewhere by the baseline's limits
+    explained = {o.name for o in torch_case.outputs if "explained by its precision" in o.reason}
+    assert {"grad_input", "grad_weight"} <= explained, torch_case.message
+    for o in cases["kassay"].outputs:
+        if o.name in explained:
+            assert o.threshold_rel_l2 is None, o
+            assert o.reason.startswith(("accurate:", "as its precision computes:")), o
+        else:
+            assert o.policy == "baseline" and o.threshold_rel_l2 is not None, o
 
 
 def test_kassay_bf16_large_logits_gradients_are_unbiased() -> None:
@@ -96,6 +106,66 @@ def test_kassay_bf16_large_logits_gradients_are_unbiased() -> None:
     p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
     cases = {c.impl: c for c in _run("flce", p, ["torch", "kassay"], "large_logits")}
     assert cases["kassay"].status == "passed", cases["kassay"].message
+
+
+def _kassay_grad_weight_noise(inputs: dict, params: object) -> dict:
+    """kassay with a zero-mean 3% rel_l2 error on grad_weight, orthogonal to it (no scale) and
+    the same on every call."""
+    from kassay.impls import get_impl
+
+    out = dict(get_impl("flce", "kassay").run(inputs, params))
+    gw = out["grad_weight"].double()
+    g = torch.Generator(device=gw.device).manual_seed(7)
+    noise = torch.randn(gw.shape, generator=g, device=gw.device, dtype=gw.dtype) * gw.abs()
+    noise -= (noise * gw).sum() / (gw * gw).sum() * gw
+    noise *= 0.03 * gw.norm() / noise.norm()
+    out["grad_weight"] = (gw + noise).to(out["grad_weight"].dtype)
+    return out
+
+
+def test_bf16_large_logits_limits_are_tight_for_the_others() -> None:
+    """torch's bf16 gradients are ~8% off the exact truth at |z| ~ 1e3: "2 x" that passed a 3%
+    non-scaling error; against the reference on bf16-rounded logits it fails. The correct impls
+    pass (kassay, torch_compile and liger by the precision rule, cce if its logits are float32
+    by the accurate one); cce's grad_input error is several times eager's (known): printed, not
+    asserted."""
+    from kassay.impls import Impl, register
+
+    register(
+        Impl("flce", "t_kassay_gw_noise", _kassay_grad_weight_noise, kind="testing"), replace=True
+    )
+    p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
+    impls = ["torch", *_available("flce", CORRECT_FLCE[1:]), "t_kassay_gw_noise"]
+    from kassay.validate.engine import run_group
+    from kassay.validate.spec import GroupSpec, TimingPolicy
+
+    g = GroupSpec(
+        group_id="gpu-explained",
+        op="flce",
+        params=p,
+        regime="large_logits",
+        impls=impls,
+        timing=TimingPolicy(enabled=False),
+    )
+    cases = {c.impl: c for c in run_group(g, device="cuda", ceilings=False, include_testing=True)}
+    for c in cases.values():
+        print(c.impl, c.status, c.flags, c.message[:400])
+    assert "baseline_explained" in cases["torch"].flags, cases["torch"].message
+    bad = cases["t_kassay_gw_noise"]
+    gw = next(o for o in bad.outputs if o.name == "grad_weight")
+    base_gw = next(o for o in cases["torch"].outputs if o.name == "grad_weight")
+    assert gw.rel_l2 < 2 * base_gw.rel_l2  # inside the former limit
+    assert bad.status == "failed" and "grad_weight: not accurate" in bad.message, bad.message
+    wrong = [
+        (c.impl, c.flags, c.message)
+        for c in cases.values()
+        if c.impl not in ("cce", "t_kassay_gw_noise")
+        and (
+            c.status not in ("passed", "unsupported")
+            or set(c.flags) - {"nondeterministic", "baseline_explained"}
+        )
+    ]
+    assert not wrong, wrong
 
 
 @pytest.mark.parametrize("ls", [0.0, 0.1])

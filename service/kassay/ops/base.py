@@ -144,12 +144,22 @@ class Op(ABC):
         """Peak bytes the float64 reference holds (outputs in float64 plus its working chunk)."""
         return 2 * self.input_bytes(params) * 4
 
+    def precision_reference_bytes(self, params: Any) -> int:
+        """Bytes the precision reference's outputs hold while a group keeps them (an explained
+        baseline; see `precision_rounding`): 0 (the default) where these params have none.
+        Computing it peaks like `reference` (its working set is gone before an impl runs)."""
+        return 0
+
     def estimate_device_bytes(self, params: Any) -> int:
         """Upper estimate of device memory needed to run one input group of these params:
-        inputs, the float64 reference, and an impl at ~4x the unavoidable bytes."""
+        inputs, the float64 reference, the precision reference's outputs (kept for the group
+        when its baseline's error is explained by them) and an impl at ~4x the unavoidable
+        bytes. Counted whatever the regime: the estimate is per params, and a baseline may be
+        explained in any regime."""
         return (
             self.input_bytes(params)
             + self.reference_bytes(params)
+            + self.precision_reference_bytes(params)
             + 4 * self.unavoidable_bytes(params)
         )
 

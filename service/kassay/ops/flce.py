@@ -142,10 +142,20 @@ class FlceOp(Op):
     def input_bytes(self, params: FlceParams) -> int:
         return self._param_bytes(params) + params.N * 12 + (params.V * 4 if params.ce_weight else 0)
 
+    def _outputs64_bytes(self, params: FlceParams) -> int:
+        p = params
+        return (p.N * p.H + p.V * p.H + p.V) * 8  # the gradients in float64
+
     def reference_bytes(self, params: FlceParams) -> int:
         p = params
-        grads64 = (p.N * p.H + p.V * p.H + p.V) * 8
-        return grads64 + (p.V * p.H + p.N * p.H) * 8 + REF_CHUNK_BYTES
+        return self._outputs64_bytes(p) + (p.V * p.H + p.N * p.H) * 8 + REF_CHUNK_BYTES
+
+    def precision_reference_bytes(self, params: FlceParams) -> int:
+        # the float64 outputs of a second reference (gradients, and a loss per row at most),
+        # held while the group's impls run
+        if self.precision_rounding(params) is None:
+            return 0
+        return self._outputs64_bytes(params) + params.N * 8
 
     def default_regime_ok(self, params: FlceParams, regime: str) -> bool:
         # Logits of |z| ~ 1e3 computed in bfloat16/float16 carry a rounding of several units:

@@ -8,8 +8,12 @@ are judged by the absolute policy); when it is not among the group's impls it st
 unreported. An error that far off which the case's precision explains is not suspect: the
 baseline is judged again, by the same rule, against the op's precision reference (flce: the
 truth with 16-bit logits, which cost every eager impl percents at |z| ~ 1e3); passing there,
-its limits are used and the case says so (flag `baseline_explained`, the numbers in its
-message). Every impl runs twice on the same inputs (the timing loop's first call is the
+the case says so (flag `baseline_explained`, the numbers in its message), the precision
+reference is kept for the rest of the group, and on that output every other impl passes when
+it is accurate (the absolute policy against the exact reference) or computes what a correct impl
+of that precision computes (factor x the baseline's error against the precision reference +
+floor): "factor x" the baseline's percents against the exact truth would let percent-level bugs
+through (kassay.validate.tolerance.judge_explained). Every impl runs twice on the same inputs (the timing loop's first call is the
 second run): outputs that differ bit for bit fail unless the impl declares itself
 nondeterministic. An output scaled by a systematic factor beyond the baseline's fails as biased
 (kassay.validate.verdicts). An impl that raises yields
@@ -31,6 +35,7 @@ from kassay.ops import Op, OutputSpec, get_op
 from kassay.validate.case_result import case_result
 from kassay.validate.ceilings import measure_ceilings
 from kassay.validate.env import environment, resolve_device
+from kassay.validate.explained import judge_explained
 from kassay.validate.metrics import RawMetrics, compare, rounding_error
 from kassay.validate.reference_cache import shared_cache
 from kassay.validate.results import (
@@ -43,7 +48,7 @@ from kassay.validate.results import (
 )
 from kassay.validate.spec import GroupSpec, case_id
 from kassay.validate.timing import time_call
-from kassay.validate.tolerance import baseline_usable, judge, tolerances
+from kassay.validate.tolerance import Verdict, baseline_usable, judge, tolerances
 from kassay.validate.verdicts import (
     Floor,
     check_bias,
@@ -60,6 +65,14 @@ EXPLAINED = "baseline explained by its precision"
 #: (output spec, the baseline's copy of it, its errors against the exact reference, the floor)
 #: -> why the case's precision explains those errors, or None
 Explain = Callable[[OutputSpec, torch.Tensor, RawMetrics, Floor], str | None]
+
+
+class _Precise:
+    """An output on which the baseline is explained: the precision reference of it, the rounding
+    that reference does (in words) and the baseline's errors against it."""
+
+    def __init__(self, ref: torch.Tensor, what: str, base: RawMetrics) -> None:
+        self.ref, self.what, self.base = ref, what, base
 
 
 def _sync(device: torch.device) -> None:
@@ -114,11 +127,13 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 class _Baseline:
     """What the group's baseline left for the other impls, per output: its raw errors (None:
-    unusable) and whether it was found suspect."""
+    unusable), whether it was found suspect, and where its error is explained by its precision
+    what the others are judged against there."""
 
     def __init__(self) -> None:
         self.raw: dict[str, RawMetrics | None] = {}
         self.suspect: dict[str, bool] = {}
+        self.precise: dict[str, _Precise] = {}
 
 
 def _unmeasurable(spec: OutputSpec, out: torch.Tensor | None, ref: torch.Tensor) -> str | None:
@@ -144,7 +159,8 @@ def _metrics_for(
 ) -> tuple[OutputMetrics, RawMetrics | None]:
     """Errors and verdict of one output; `second` is the same output from a second run on the
     same inputs (None: not available); `explain` is asked, for the baseline only and only when it
-    looks suspect, whether the case's precision explains its error."""
+    looks suspect, whether the case's precision explains its error. Another impl's output on
+    which the baseline was explained is judged by `judge_explained` (under the baseline policy)."""
     atol, rtol = tolerances(group.tolerance, spec.dtype)
     unmeasurable = _unmeasurable(spec, out, ref)
     if out is None or unmeasurable:
@@ -182,21 +198,44 @@ def _metrics_for(
     else:
         base = baseline.raw.get(spec.name)
         suspect = baseline.suspect.get(spec.name, False)
-    v = judge(
-        raw,
-        policy=group.tolerance,
-        base=base,
-        floor=floor_t,
-        dtype_ok=dtype_ok,
-        dtype_msg=dtype_msg,
-        base_suspect=suspect,
-    )
+    precise = None if is_baseline else baseline.precise.get(spec.name)
+    ev = None
+    if precise is not None and group.tolerance.policy == "baseline":
+        ev = judge_explained(
+            spec.name,
+            raw,
+            compare(out, precise.ref, atol=atol, rtol=rtol),
+            precise.base,
+            policy=group.tolerance,
+            atol_rtol=(atol, rtol),
+            floor=floor,
+            dtype_ok=dtype_ok,
+            dtype_msg=dtype_msg,
+            precision=precise.what,
+        )
+        # the tolerance's limits are not against the reported (exact) errors: none recorded
+        v = Verdict(ev.passed, ev.reason, ev.policy)
+        spread_limit: float | None = ev.spread_limit
+    else:
+        v = judge(
+            raw,
+            policy=group.tolerance,
+            base=base,
+            floor=floor_t,
+            dtype_ok=dtype_ok,
+            dtype_msg=dtype_msg,
+            base_suspect=suspect,
+        )
+        spread_limit = v.threshold_max_abs
     passed, reasons = v.passed, [v.reason] if v.reason and not v.passed else []
     if suspect_msg:
         passed, reasons = False, [suspect_msg, *reasons]
-    # systematic scale: judged against the trusted baseline's own (0 when there is none)
+    # systematic scale: judged against the trusted baseline's own (0 when there is none); on an
+    # explained output judge_explained did it
     bias_limit = None
-    if not is_baseline and not raw.mismatched_nonfinite:
+    if ev is not None:
+        bias_limit = ev.bias_limit
+    elif not is_baseline and not raw.mismatched_nonfinite:
         bv = check_bias(
             spec.name, raw, base if baseline_usable(base) and not suspect else None, floor
         )
@@ -212,7 +251,7 @@ def _metrics_for(
                 f"nondeterministic: a second run on the same inputs differs in {rr.n_diff} "
                 f"element(s) (max |run 1 - run 2| {rr.max_abs:.3g})"
             )
-            limit = v.threshold_max_abs if v.threshold_max_abs is not None else atol
+            limit = spread_limit if spread_limit is not None else atol
             if not declared_nondeterministic:
                 passed, reasons = False, [*reasons, what]
             elif not rr.max_abs <= limit:
@@ -339,7 +378,9 @@ class GroupRunner:
     ) -> str | None:
         """Is the baseline's error on `spec`, suspect against the exact reference, what a
         correct impl of the case's precision makes? Judged by the same suspect rule against the
-        op's precision reference, computed here on first need (a second float64 reference)."""
+        op's precision reference, computed here on first need (a second float64 reference).
+        Where it is, that output of the precision reference and the baseline's errors against
+        it are kept (self.baseline.precise) to judge the other impls by."""
         what = self.op.precision_rounding(self.params)
         if what is None:
             return None
@@ -352,11 +393,18 @@ class GroupRunner:
         there = compare(out, ref, atol=atol, rtol=rtol)
         if there.mismatched_nonfinite or suspect_reason(there, floor) is not None:
             return None
+        self.baseline.precise[spec.name] = _Precise(ref, what, there)
         return (
             f"{EXPLAINED}: rel_l2 {raw.rel_l2:.3g} against the exact "
-            f"reference, {there.rel_l2:.3g} against the reference with {what}; its limits are "
-            "used"
+            f"reference, {there.rel_l2:.3g} against the reference with {what}; the others "
+            "are judged against both"
         )
+
+    def close(self) -> None:
+        """Free what the group held beyond its cached inputs and reference: the precision
+        reference's outputs kept for an explained baseline."""
+        self.baseline.precise.clear()
+        self._precision_ref = None
 
     def _result(self, impl_name: str, status: str, message: str = "", **kw: Any) -> CaseResult:
         return case_result(
@@ -445,7 +493,9 @@ class GroupRunner:
             outputs.append(om)
         del run
         second.clear()
-        self._precision_ref = None  # only the baseline's verdict needs it
+        # The outputs on which the baseline is explained stay (in self.baseline.precise) to
+        # judge the other impls by, until the group ends (close); the rest go now.
+        self._precision_ref = None
         failed = [o for o in outputs if not o.passed]
         status = "failed" if failed else "passed"
         noted = [o for o in outputs if o.passed and EXPLAINED in o.reason]
@@ -503,11 +553,14 @@ def run_group(
                 "baseline %s unusable for %s: %s", group.baseline, group.group_id, base.message
             )
     results: dict[str, CaseResult] = {}
-    for name in order:
-        if on_start is not None:
-            on_start(case_id(group.group_id, name))
-        res = runner.run_case(name, is_baseline=name == group.baseline)
-        results[name] = res
-        if on_result is not None:
-            on_result(res)
+    try:
+        for name in order:
+            if on_start is not None:
+                on_start(case_id(group.group_id, name))
+            res = runner.run_case(name, is_baseline=name == group.baseline)
+            results[name] = res
+            if on_result is not None:
+                on_result(res)
+    finally:
+        runner.close()
     return [results[n] for n in group.impls]

@@ -6,7 +6,10 @@ impl's error on the same inputs and the floor is the error of the reference roun
 output's dtype (FlashAttention's test convention) combined with the float32 accumulation floor
 of the output's reduction length (kassay.validate.verdicts). When the baseline has no usable
 error (it raised, produced NaN/Inf where the reference is finite, or is suspect: far above the
-floor and beyond atol/rtol) the output is judged by `absolute`.
+floor and beyond atol/rtol) the output is judged by `absolute`. When the baseline's error is
+explained by the case's precision (kassay.validate.verdicts: flce's 16-bit logits) its error
+against the exact reference is percents, and "factor x" that would let percent-level bugs through;
+such an output is judged by kassay.validate.explained instead.
 `absolute`: every element within atol + rtol * |ref| (torch.testing's per-dtype defaults).
 Whatever the policy: NaN/Inf where the reference is finite fails, a wrong dtype fails where the
 op requires its dtype, and an output that is all zeros where the reference is not fails (an

@@ -19,8 +19,10 @@ by a systematic factor, and does an impl give the same bits twice?
   something the reference does not (flce's 16-bit logits at |z| ~ 1e3 cost eager's fp16
   gradients 1.4% rel_l2). When the op has such a precision reference (`Op.precision_reference`)
   the engine judges the baseline again by this same rule against it; not suspect there, the
-  baseline is explained (flag baseline_explained), its limits are used, and a real bug, off
-  against both references, stays suspect.
+  baseline is explained (flag baseline_explained) and a real bug, off against both references,
+  stays suspect. Its percents against the exact truth do not become everyone's limits: on that
+  output the others pass when accurate against the exact reference or when within factor x the
+  baseline's error against the precision reference (kassay.validate.explained).
 - Bias. s = <out - ref, ref> / <ref, ref> fits out ~ (1 + s) * ref. Independent rounding errors
   leave |s| ~ rel_l2 / sqrt(n); an output whose s departs from the baseline's by more than
   BIAS_SIGMAS of that noise, more than BIAS_FLOOR_FRACTION of the effective rel floor and more
