@@ -72,7 +72,7 @@ def test_bf16_large_logits_are_explicit_and_the_baseline_is_explained() -> None:
     """|logits| ~ 1e3 in bfloat16: eager torch's gradients are several % off the exact truth
     (its bf16 logits), so a suite that lists no regimes still skips the regime for 16-bit flce;
     asked for explicitly, torch's error is explained by the reference on bf16-rounded logits:
-    not suspect, its limits are used, its message gives both errors."""
+    not suspect, its message gives both errors, and kassay is judged by the explained rules."""
     from kassay.validate.spec import expand, parse_spec
 
     p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}

@@ -7,17 +7,17 @@ unless its own error is far from the truth (then it fails as `baseline_suspect` 
 are judged by the absolute policy); when it is not among the group's impls it still runs,
 unreported. An error that far off which the case's precision explains is not suspect: the
 baseline is judged again, by the same rule, against the op's precision reference (flce: the
-truth with 16-bit logits, which cost every eager impl percents at |z| ~ 1e3); passing there,
-the case says so (flag `baseline_explained`, the numbers in its message), the precision
-reference is kept for the rest of the group, and on that output every other impl passes when
-it is accurate (the absolute policy against the exact reference) or computes what a correct impl
-of that precision computes (factor x the baseline's error against the precision reference +
-floor): "factor x" the baseline's percents against the exact truth would let percent-level bugs
-through (kassay.validate.tolerance.judge_explained). Every impl runs twice on the same inputs (the timing loop's first call is the
-second run): outputs that differ bit for bit fail unless the impl declares itself
+truth with 16-bit logits, which cost every eager impl percents at |z| ~ 1e3); passing there, the
+case says so (flag `baseline_explained`, the numbers in its message), the precision reference is
+kept for the rest of the group, and on that output every other impl passes when it is accurate
+(the absolute policy against the exact reference) or computes what a correct impl of that
+precision computes (factor x the baseline's error against the precision reference + floor):
+"factor x" the baseline's percents against the exact truth would let percent-level bugs through
+(kassay.validate.explained). Every impl runs twice on the same inputs (the timing loop's first
+call is the second run): outputs that differ bit for bit fail unless the impl declares itself
 nondeterministic. An output scaled by a systematic factor beyond the baseline's fails as biased
-(kassay.validate.verdicts). An impl that raises yields
-status `error` with the exception's type and message: the engine never dies because an impl did.
+(kassay.validate.verdicts). An impl that raises yields status `error` with the exception's type
+and message: the engine never dies because an impl did.
 """
 
 from __future__ import annotations
