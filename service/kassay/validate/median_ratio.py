@@ -23,6 +23,13 @@ hundreds of cases, and at 95% one unchanged case in forty would look significant
 A run with too few samples for three batches (or a result stored before samples were kept)
 falls back to the timing statistics' rel_sem (the normal-theory standard error of the median,
 1.2533 * std / sqrt(n), relative to it) with n - 1 degrees of freedom.
+
+Host-normalised runs. On the CPU each repetition is followed by a fixed calibration workload
+(kassay.validate.host_calibration); `paired_run` makes a Run of the ratios repetition /
+calibration, in the order measured, and the same interval applies to them. The host's speed of
+the moment divides out of every ratio, so what drifts between two jobs on a shared runner (5-40%
+in process CPU time) leaves the ratio of their medians; the pairing also narrows each run's
+spread, since a repetition and its calibration share the moment's load.
 """
 
 from __future__ import annotations
@@ -58,6 +65,19 @@ class RatioCI:
     high: float
     confidence: float
     method: str  # "batch_medians" when both runs had enough samples, else "rel_sem"
+
+
+def paired_run(samples: Sequence[float], calibration: Sequence[float]) -> Run | None:
+    """The run of paired ratios samples[i] / calibration[i] (a host-normalised timing), or None
+    when the two do not pair up (other lengths, under 2 samples, a non-positive time)."""
+    if len(samples) != len(calibration) or len(samples) < 2:
+        return None
+    if min(samples) <= 0 or min(calibration) <= 0:
+        return None
+    ratios = [s / c for s, c in zip(samples, calibration, strict=True)]
+    med = statistics.median(ratios)
+    sem = 1.2533 * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return Run(median=med, samples=ratios, rel_sem=sem / med, n=len(ratios))
 
 
 def t_quantile(p: float, dof: float) -> float:
