@@ -15,6 +15,9 @@ Part of the torch-free contract (the API compares jobs). Per key:
   host calibration beside every repetition (CPU: kassay.validate.host_calibration), the ratio is
   host-normalised: that of the medians of repetition / calibration, so that a shared host's
   drift between the two jobs cancels; the plain ratio of medians is kept beside it (raw_ratio).
+  Its interval also counts the spread between jobs that the calibration leaves (3%,
+  median_ratio.HOST_NORMALISED_JOB_SD): on a shared CPU a slowdown of about 15% is what it can
+  tell from noise, whatever the threshold.
 - memory: peak extra bytes; more when over (1 + threshold) times before and by more than
   MEMORY_FLOOR_BYTES (the allocator's granularity is no regression).
 
@@ -42,7 +45,13 @@ from kassay.validate.comparison import (
     SpeedChange,
     StatusChange,
 )
-from kassay.validate.median_ratio import DEFAULT_CONFIDENCE, Run, median_ratio, paired_run
+from kassay.validate.median_ratio import (
+    DEFAULT_CONFIDENCE,
+    HOST_NORMALISED_JOB_SD,
+    Run,
+    median_ratio,
+    paired_run,
+)
 from kassay.validate.results import CaseResult, Environment, OutputMetrics, Report, TimingStats
 
 FAILING = frozenset({"failed", "error", "crashed", "timeout"})
@@ -232,8 +241,10 @@ def speed_change(
     if new.clock != old.clock or new.median_ms <= 0 or old.median_ms <= 0:
         return None
     normalised = _host_normalised(new, old)
-    runs = normalised or (_run(new), _run(old))
-    ci = median_ratio(*runs, confidence=confidence)
+    if normalised is not None:
+        ci = median_ratio(*normalised, confidence=confidence, job_sd=HOST_NORMALISED_JOB_SD)
+    else:
+        ci = median_ratio(_run(new), _run(old), confidence=confidence)
     if ci.ratio > 1 + threshold and ci.low > 1:
         verdict = "slower"
     elif ci.ratio < 1 / (1 + threshold) and ci.high < 1:
