@@ -26,6 +26,18 @@ def test_cpu_timing_is_labelled_and_bounded() -> None:
     assert t.sm_clock_mhz is None and not t.throttled
 
 
+def test_cpu_timing_times_the_host_calibration_after_every_repetition() -> None:
+    """One calibration time per sample, on the same clock, under a name that says what ran
+    (host_calibration); the policy turns it off."""
+    policy = TimingPolicy(warmup=1, min_reps=5, max_reps=5, cpu_clock="process")
+    t = time_call(lambda: sum(range(20_000)), CPU, policy)
+    assert t.calibration is not None and t.calibration.startswith("kassay.cal/1 ")
+    assert f"torch {torch.__version__}" in t.calibration
+    assert len(t.calibration_ms) == len(t.samples_ms) == 5 and min(t.calibration_ms) > 0
+    off = time_call(lambda: None, CPU, policy.model_copy(update={"cpu_calibration": False}))
+    assert off.calibration is None and off.calibration_ms == [] and off.n == 5
+
+
 def test_batches_cover_min_reps_and_stop_at_max_reps() -> None:
     p = TimingPolicy(min_reps=20, max_reps=30)
     assert _batch_size(1000.0, p, 0) == 20  # a slow call still gets its minimum in one go

@@ -61,7 +61,12 @@ def _groups() -> list[GroupSpec]:
                     "regimes": ["normal", "all_ignored"],
                     "seeds": [0, 2**40],
                     "tolerance": {"policy": "absolute", "atol": 1e-3, "rtol": None},
-                    "timing": {"enabled": False, "warmup": 0, "budget_s": 0.5},
+                    "timing": {
+                        "enabled": False,
+                        "warmup": 0,
+                        "budget_s": 0.5,
+                        "cpu_calibration": False,
+                    },
                 },
                 {
                     "op": "lse_merge",
@@ -263,6 +268,22 @@ def _result(**kw: Any) -> CaseResult:
             "dtype": "bfloat16",
         },
         {"coverage": "ragged sizes", "flags": ["baseline_suspect", "biased"]},
+        {
+            "timing": TimingStats(
+                clock="cpu_process_time",
+                mode="cpu",
+                n=3,
+                median_ms=2.5,
+                mean_ms=2.6,
+                std_ms=0.2,
+                p10_ms=2.4,
+                p90_ms=2.9,
+                rel_sem=0.05,
+                samples_ms=[2.5, 2.4, 2.9],
+                calibration="kassay.cal/1 (2 fp32 matmuls; torch 2, 1 threads)",
+                calibration_ms=[0.8, 0.75, 0.9],
+            )
+        },
     ],
 )
 def test_result_round_trip_is_lossless(variant: dict[str, Any]) -> None:

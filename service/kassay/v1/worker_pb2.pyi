@@ -378,6 +378,7 @@ class TimingPolicy(_message.Message):
     FLUSH_L2_FIELD_NUMBER: _builtins.int
     CUDA_GRAPH_FIELD_NUMBER: _builtins.int
     CPU_CLOCK_FIELD_NUMBER: _builtins.int
+    CPU_CALIBRATION_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     warmup: _builtins.int
     min_reps: _builtins.int
@@ -390,6 +391,8 @@ class TimingPolicy(_message.Message):
     """time CUDA-graph replays where capturable (default true)"""
     cpu_clock: _builtins.str
     """wall | process (default wall)"""
+    cpu_calibration: _builtins.bool
+    """CPU: time the host calibration per repetition (default true)"""
     def __init__(
         self,
         *,
@@ -402,13 +405,16 @@ class TimingPolicy(_message.Message):
         flush_l2: _builtins.bool | None = ...,
         cuda_graph: _builtins.bool | None = ...,
         cpu_clock: _builtins.str | None = ...,
+        cpu_calibration: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_calibration", b"_cpu_calibration", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_calibration", b"cpu_calibration", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_calibration", b"_cpu_calibration", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_calibration", b"cpu_calibration", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_s: _TypeAlias = _typing.Literal["budget_s"]  # noqa: Y015
     _WhichOneofArgType__budget_s: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s"]  # noqa: Y015
+    _WhichOneofReturnType__cpu_calibration: _TypeAlias = _typing.Literal["cpu_calibration"]  # noqa: Y015
+    _WhichOneofArgType__cpu_calibration: _TypeAlias = _typing.Literal["_cpu_calibration", b"_cpu_calibration"]  # noqa: Y015
     _WhichOneofReturnType__cpu_clock: _TypeAlias = _typing.Literal["cpu_clock"]  # noqa: Y015
     _WhichOneofArgType__cpu_clock: _TypeAlias = _typing.Literal["_cpu_clock", b"_cpu_clock"]  # noqa: Y015
     _WhichOneofReturnType__cuda_graph: _TypeAlias = _typing.Literal["cuda_graph"]  # noqa: Y015
@@ -427,6 +433,8 @@ class TimingPolicy(_message.Message):
     _WhichOneofArgType__warmup: _TypeAlias = _typing.Literal["_warmup", b"_warmup"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__budget_s) -> _WhichOneofReturnType__budget_s | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_calibration) -> _WhichOneofReturnType__cpu_calibration | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_clock) -> _WhichOneofReturnType__cpu_clock | None: ...
     @_typing.overload
@@ -714,6 +722,8 @@ class TimingStats(_message.Message):
     THROTTLE_REASONS_FIELD_NUMBER: _builtins.int
     POWER_CAPPED_FIELD_NUMBER: _builtins.int
     SAMPLES_MS_FIELD_NUMBER: _builtins.int
+    CALIBRATION_FIELD_NUMBER: _builtins.int
+    CALIBRATION_MS_FIELD_NUMBER: _builtins.int
     clock: _builtins.str
     """cuda_events | cpu_perf_counter | cpu_process_time (CUDA: device time)"""
     n: _builtins.int
@@ -740,11 +750,17 @@ class TimingStats(_message.Message):
     power_w: _builtins.float
     power_limit_w: _builtins.float
     power_capped: _builtins.bool
+    calibration: _builtins.str
+    """CPU: the calibration workload timed after each repetition"""
     @_builtins.property
     def throttle_reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
     def samples_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """every repetition, in the order measured"""
+
+    @_builtins.property
+    def calibration_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """its time after each repetition, one per samples_ms"""
 
     def __init__(
         self,
@@ -772,11 +788,15 @@ class TimingStats(_message.Message):
         throttle_reasons: _abc.Iterable[_builtins.str] | None = ...,
         power_capped: _builtins.bool = ...,
         samples_ms: _abc.Iterable[_builtins.float] | None = ...,
+        calibration: _builtins.str | None = ...,
+        calibration_ms: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_calibration", b"_calibration", "_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "calibration", b"calibration", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "clock", b"clock", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "samples_ms", b"samples_ms", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_calibration", b"_calibration", "_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "calibration", b"calibration", "calibration_ms", b"calibration_ms", "clock", b"clock", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "samples_ms", b"samples_ms", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__calibration: _TypeAlias = _typing.Literal["calibration"]  # noqa: Y015
+    _WhichOneofArgType__calibration: _TypeAlias = _typing.Literal["_calibration", b"_calibration"]  # noqa: Y015
     _WhichOneofReturnType__gbps: _TypeAlias = _typing.Literal["gbps"]  # noqa: Y015
     _WhichOneofArgType__gbps: _TypeAlias = _typing.Literal["_gbps", b"_gbps"]  # noqa: Y015
     _WhichOneofReturnType__graph_fallback: _TypeAlias = _typing.Literal["graph_fallback"]  # noqa: Y015
@@ -797,6 +817,8 @@ class TimingStats(_message.Message):
     _WhichOneofArgType__tflops: _TypeAlias = _typing.Literal["_tflops", b"_tflops"]  # noqa: Y015
     _WhichOneofReturnType__wall_median_ms: _TypeAlias = _typing.Literal["wall_median_ms"]  # noqa: Y015
     _WhichOneofArgType__wall_median_ms: _TypeAlias = _typing.Literal["_wall_median_ms", b"_wall_median_ms"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__calibration) -> _WhichOneofReturnType__calibration | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gbps) -> _WhichOneofReturnType__gbps | None: ...
     @_typing.overload

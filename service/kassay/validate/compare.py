@@ -11,7 +11,13 @@ Part of the torch-free contract (the API compares jobs). Per key:
   better in the mirror case. NaN/Inf where the reference is finite counts on its own.
 - speed: the device median ratio with its confidence interval from both runs' samples
   (kassay.validate.median_ratio); slower when the ratio is over 1 + threshold and the whole
-  interval is above 1 (significant), faster in the mirror case.
+  interval is above 1 (significant), faster in the mirror case. When both runs timed the same
+  host calibration beside every repetition (CPU: kassay.validate.host_calibration), the ratio is
+  host-normalised: that of the medians of repetition / calibration, so that a shared host's
+  drift between the two jobs cancels; the plain ratio of medians is kept beside it (raw_ratio).
+  Its interval also counts the spread between jobs that the calibration leaves (3%,
+  median_ratio.HOST_NORMALISED_JOB_SD): on a shared CPU a slowdown of about 15% is what it can
+  tell from noise, whatever the threshold.
 - memory: peak extra bytes; more when over (1 + threshold) times before and by more than
   MEMORY_FLOOR_BYTES (the allocator's granularity is no regression).
 
@@ -39,7 +45,13 @@ from kassay.validate.comparison import (
     SpeedChange,
     StatusChange,
 )
-from kassay.validate.median_ratio import DEFAULT_CONFIDENCE, Run, median_ratio
+from kassay.validate.median_ratio import (
+    DEFAULT_CONFIDENCE,
+    HOST_NORMALISED_JOB_SD,
+    Run,
+    median_ratio,
+    paired_run,
+)
 from kassay.validate.results import CaseResult, Environment, OutputMetrics, Report, TimingStats
 
 FAILING = frozenset({"failed", "error", "crashed", "timeout"})
@@ -212,13 +224,27 @@ def _run(t: TimingStats) -> Run:
     return Run(median=t.median_ms, samples=t.samples_ms, rel_sem=t.rel_sem, n=t.n)
 
 
+def _host_normalised(new: TimingStats, old: TimingStats) -> tuple[Run, Run] | None:
+    """Both runs as paired ratios repetition / calibration, when both timed the same
+    calibration workload beside every repetition; else None (the plain ratio then)."""
+    if not new.calibration or new.calibration != old.calibration:
+        return None
+    a = paired_run(new.samples_ms, new.calibration_ms)
+    b = paired_run(old.samples_ms, old.calibration_ms)
+    return (a, b) if a is not None and b is not None else None
+
+
 def speed_change(
     new: TimingStats, old: TimingStats, threshold: float, confidence: float
 ) -> SpeedChange | None:
     """None when the two timings are not comparable (different clocks, no positive median)."""
     if new.clock != old.clock or new.median_ms <= 0 or old.median_ms <= 0:
         return None
-    ci = median_ratio(_run(new), _run(old), confidence=confidence)
+    normalised = _host_normalised(new, old)
+    if normalised is not None:
+        ci = median_ratio(*normalised, confidence=confidence, job_sd=HOST_NORMALISED_JOB_SD)
+    else:
+        ci = median_ratio(_run(new), _run(old), confidence=confidence)
     if ci.ratio > 1 + threshold and ci.low > 1:
         verdict = "slower"
     elif ci.ratio < 1 / (1 + threshold) and ci.high < 1:
@@ -234,6 +260,8 @@ def speed_change(
         high=ci.high,
         confidence=ci.confidence,
         method=ci.method,
+        host_normalised=normalised is not None,
+        raw_ratio=new.median_ms / old.median_ms,
         threshold=threshold,
         verdict=verdict,  # type: ignore[arg-type]
     )
@@ -259,6 +287,13 @@ def memory_change(new: CaseResult, old: CaseResult, threshold: float) -> MemoryC
     )
 
 
+def _normalised_note(s: SpeedChange) -> str:
+    if not s.host_normalised:
+        return ""
+    plain = f"; plain x{s.raw_ratio:.3f}" if s.raw_ratio is not None else ""
+    return f", host-normalised{plain}"
+
+
 def _reasons(entry: CaseComparison) -> list[str]:
     out = []
     if entry.status_change == "newly_failing":
@@ -267,8 +302,8 @@ def _reasons(entry: CaseComparison) -> list[str]:
     if s is not None and s.verdict == "slower":
         out.append(
             f"slower: {s.before_ms:.4g} ms -> {s.after_ms:.4g} ms, x{s.ratio:.3f} "
-            f"({s.confidence:.0%} CI {s.low:.3f}-{s.high:.3f}) over the threshold "
-            f"+{s.threshold:.1%}"
+            f"({s.confidence:.0%} CI {s.low:.3f}-{s.high:.3f}{_normalised_note(s)}) over the "
+            f"threshold +{s.threshold:.1%}"
         )
     for a in entry.accuracy:
         if a.change == "worse":

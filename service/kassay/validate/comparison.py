@@ -30,7 +30,8 @@ class OutputChange(BaseModel):
 
 
 class SpeedChange(BaseModel):
-    """new device median / old device median, with its confidence interval."""
+    """new device median / old device median, with its confidence interval; host-normalised
+    on the CPU when both runs timed the same calibration (kassay.validate.compare)."""
 
     clock: str
     before_ms: float
@@ -40,6 +41,16 @@ class SpeedChange(BaseModel):
     high: float
     confidence: float
     method: str = Field(description="batch_medians | rel_sem (kassay.validate.median_ratio)")
+    host_normalised: bool = Field(
+        False,
+        description="ratio, low and high are of the medians of repetition / calibration time "
+        "(CPU: both jobs timed the same calibration workload beside every repetition, "
+        "kassay.validate.host_calibration), so the host's drift between the jobs cancels; "
+        "before_ms and after_ms stay the plain medians",
+    )
+    raw_ratio: float | None = Field(
+        None, description="after_ms / before_ms: the plain ratio of the medians"
+    )
     threshold: float
     verdict: Literal["slower", "faster", "same"] = Field(
         description="slower: ratio > 1 + threshold and the interval above 1; faster: the mirror"

@@ -17,7 +17,8 @@ def _speed(c: CaseComparison) -> str:
         return "-"
     return (
         f"{num(s.before_ms, '.4g')} → {num(s.after_ms, '.4g')} ms, ×{s.ratio:.3f} "
-        f"({s.confidence:.0%} CI {s.low:.3f}–{s.high:.3f}) <b class='{e(s.verdict)}'>"
+        f"({s.confidence:.0%} CI {s.low:.3f}–{s.high:.3f}"
+        f"{', host-normalised' if s.host_normalised else ''}) <b class='{e(s.verdict)}'>"
         f"{e(s.verdict)}</b>"
     )
 

@@ -18,7 +18,8 @@ def _speed(e: CaseComparison) -> str:
     s = e.speed
     if s is None:
         return "-"
-    return f"x{s.ratio:.3f} ({s.low:.3f}-{s.high:.3f}) {s.verdict}"
+    note = ", host-normalised" if s.host_normalised else ""
+    return f"x{s.ratio:.3f} ({s.low:.3f}-{s.high:.3f}{note}) {s.verdict}"
 
 
 def regressions_by_case(c: Comparison | None) -> dict[str, CaseComparison]:

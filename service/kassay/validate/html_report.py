@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import statistics
 from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
@@ -274,6 +275,11 @@ def _timing(c: CaseResult) -> str:
         extra.append("throttled: " + e(", ".join(t.throttle_reasons)))
     if t.l2_flushed:
         extra.append("L2 flushed")
+    if t.calibration_ms:
+        cal = statistics.median(t.calibration_ms)
+        extra.append(
+            f"<span title='{e(t.calibration or '')}'>host calibration {num(cal, '.4g')} ms</span>"
+        )
     samples = ", ".join(num(s, ".4g") for s in t.samples_ms[:20])
     more = f" … ({len(t.samples_ms)} in all)" if len(t.samples_ms) > 20 else ""
     return (

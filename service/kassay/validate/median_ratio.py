@@ -23,6 +23,21 @@ hundreds of cases, and at 95% one unchanged case in forty would look significant
 A run with too few samples for three batches (or a result stored before samples were kept)
 falls back to the timing statistics' rel_sem (the normal-theory standard error of the median,
 1.2533 * std / sqrt(n), relative to it) with n - 1 degrees of freedom.
+
+Host-normalised runs. On the CPU each repetition is followed by a fixed calibration workload
+(kassay.validate.host_calibration); `paired_run` makes a Run of the ratios repetition /
+calibration, in the order measured, and the same interval applies to them. The host's speed of
+the moment divides out of every ratio, so what drifts between two jobs on a shared runner (5-40%
+in process CPU time) leaves the ratio of their medians; the pairing also narrows each run's
+spread, since a repetition and its calibration share the moment's load.
+
+What no run's samples show. The calibration does not track the case exactly (other code feels a
+busy neighbour differently; a process's memory layout moves its speed by a few percent): one job's
+host-normalised median still sits off the code's own by about 3% (HOST_NORMALISED_JOB_SD: the
+standard deviation over 12 jobs of the same code on the shared 2-core development box, where
+the plain medians moved by 13%; bench/README.md, "Comparisons: noise"). A job's samples cannot
+see that spread, so `job_sd` adds it to each run's variance (with no degrees of freedom lost: it
+is taken as known); without it a 5% offset came out "significant" at a 1.5% standard error.
 """
 
 from __future__ import annotations
@@ -33,6 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 DEFAULT_CONFIDENCE = 0.99
+#: the spread (sd of the log) of one job's host-normalised median beyond its samples' (see above)
+HOST_NORMALISED_JOB_SD = 0.03
 #: at most this many batches; fewer when a run has under 3 samples per batch
 MAX_BATCHES = 5
 MIN_BATCHES = 3
@@ -58,6 +75,19 @@ class RatioCI:
     high: float
     confidence: float
     method: str  # "batch_medians" when both runs had enough samples, else "rel_sem"
+
+
+def paired_run(samples: Sequence[float], calibration: Sequence[float]) -> Run | None:
+    """The run of paired ratios samples[i] / calibration[i] (a host-normalised timing), or None
+    when the two do not pair up (other lengths, under 2 samples, a non-positive time)."""
+    if len(samples) != len(calibration) or len(samples) < 2:
+        return None
+    if min(samples) <= 0 or min(calibration) <= 0:
+        return None
+    ratios = [s / c for s, c in zip(samples, calibration, strict=True)]
+    med = statistics.median(ratios)
+    sem = 1.2533 * statistics.stdev(ratios) / math.sqrt(len(ratios))
+    return Run(median=med, samples=ratios, rel_sem=sem / med, n=len(ratios))
 
 
 def t_quantile(p: float, dof: float) -> float:
@@ -98,16 +128,22 @@ def log_median_se(run: Run) -> tuple[float, float, str]:
     return run.rel_sem, max(n - 1.0, 1.0), "rel_sem"
 
 
-def median_ratio(new: Run, old: Run, *, confidence: float = DEFAULT_CONFIDENCE) -> RatioCI:
-    """The ratio new.median / old.median with its `confidence` interval (see the module)."""
+def median_ratio(
+    new: Run, old: Run, *, confidence: float = DEFAULT_CONFIDENCE, job_sd: float = 0.0
+) -> RatioCI:
+    """The ratio new.median / old.median with its `confidence` interval (see the module).
+    `job_sd`: the spread of a run's log-median between jobs that its samples cannot show,
+    added to each run's variance (HOST_NORMALISED_JOB_SD for host-normalised CPU runs)."""
     if new.median <= 0 or old.median <= 0:
         raise ValueError("medians must be positive to take their ratio")
     se_new, dof_new, m_new = log_median_se(new)
     se_old, dof_old, m_old = log_median_se(old)
     log_ratio = math.log(new.median) - math.log(old.median)
-    var = se_new**2 + se_old**2
+    sampled = se_new**2 + se_old**2
+    var = sampled + 2 * job_sd**2
     if var > 0:
-        dof = var**2 / (se_new**4 / dof_new + se_old**4 / dof_old)
+        # Welch-Satterthwaite; the job_sd term is known (infinite degrees of freedom)
+        dof = var**2 / (se_new**4 / dof_new + se_old**4 / dof_old) if sampled > 0 else math.inf
         half = t_quantile(0.5 + confidence / 2, dof) * math.sqrt(var)
     else:
         half = 0.0

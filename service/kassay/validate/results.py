@@ -112,6 +112,18 @@ class TimingStats(BaseModel):
         description="every repetition's time in the order measured: comparisons between jobs "
         "judge a change against this spread (kassay.validate.median_ratio)",
     )
+    calibration: str | None = Field(
+        None,
+        description="CPU: the fixed workload timed right after every repetition "
+        "(kassay.validate.host_calibration: its version, the torch version, threads); absent "
+        "when none was timed (CUDA, the policy's cpu_calibration off, results before it)",
+    )
+    calibration_ms: list[float] = Field(
+        default_factory=list,
+        description="CPU: that workload's time after each repetition, one per samples_ms (same "
+        "clock): samples_ms[i] / calibration_ms[i] is the case's time in units of the host's "
+        "speed of the moment, which comparisons between jobs use (host-normalised)",
+    )
 
     @property
     def throttled(self) -> bool:

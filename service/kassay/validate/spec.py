@@ -86,6 +86,14 @@ class TimingPolicy(BaseModel):
         "(time.process_time: the CPU time of the executor process, all its threads; other "
         "processes taking the CPU away do not count, so it is steadier on a shared runner)",
     )
+    cpu_calibration: bool = Field(
+        True,
+        description="on the CPU: time a fixed calibration workload (about 1 ms on one thread, "
+        "kassay.validate.host_calibration) right after every repetition, so that a comparison "
+        "with another job that did the same divides out the host's speed (host-normalised: "
+        "a shared runner's drift between jobs cancels); costs that workload's time per "
+        "repetition. No effect on CUDA",
+    )
 
 
 class Suite(BaseModel):

@@ -18,7 +18,11 @@ L2: cold (flushed before every repetition, the default) or warm, by `TimingPolic
 On the CPU both figures are the same clock's time and the mode is `cpu`: time.perf_counter
 (`cpu_perf_counter`), or with the policy's cpu_clock `process` time.process_time
 (`cpu_process_time`: other processes on a shared runner cannot inflate it). Every repetition's
-time is kept in the result (`samples_ms`) for comparisons between jobs.
+time is kept in the result (`samples_ms`) for comparisons between jobs. On the CPU a fixed
+calibration workload is timed right after every repetition (`calibration_ms`, one per sample;
+the policy's cpu_calibration): the host's speed of the moment, which a comparison between jobs
+divides out (kassay.validate.host_calibration). Not on CUDA: device time does not drift with
+the host's load, and the GPU path is left as it is.
 Repetitions continue, batch after batch, until the standard error of the median
 (1.2533 * std / sqrt(n)) falls under target_rel_sem of the median, with at least min_reps, at
 most max_reps, within budget_s. The SM clock and board power are sampled meanwhile (gpu_state).
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 
 from kassay.validate.gpu_state import GpuSampler
+from kassay.validate.host_calibration import host_calibration
 from kassay.validate.results import TimingStats
 from kassay.validate.spec import TimingPolicy
 
@@ -336,16 +341,31 @@ def _time_cpu(fn: Callable[[], object], policy: TimingPolicy) -> TimingStats:
     # perf_counter measures what a caller waits; process_time the CPU the executor spends (all
     # threads), which other processes on a shared host cannot inflate.
     clock = time.process_time if policy.cpu_clock == "process" else time.perf_counter
+    # The calibration right after each repetition, on the same clock: paired, so that the
+    # host's speed is taken at the moment the repetition ran (a shared host drifts within a
+    # job too).
+    cal = host_calibration() if policy.cpu_calibration else None
+    if cal is not None:
+        for _ in range(max(1, policy.warmup)):
+            cal()
     times: list[float] = []
+    cal_times: list[float] = []
     t_end = time.perf_counter() + policy.budget_s
     while not _enough(times, policy, t_end):
         t0 = clock()
         fn()
-        times.append((clock() - t0) * 1e3)
+        t1 = clock()
+        times.append((t1 - t0) * 1e3)
+        if cal is not None:
+            cal()
+            cal_times.append((clock() - t1) * 1e3)
     label = "cpu_process_time" if policy.cpu_clock == "process" else "cpu_perf_counter"
     out = stats(times, label, False, "cpu")
     out.wall_median_ms = out.median_ms
     out.host_overhead_ms = 0.0
+    if cal is not None:
+        out.calibration = cal.name
+        out.calibration_ms = cal_times
     return out
 
 
