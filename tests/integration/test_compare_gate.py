@@ -143,7 +143,9 @@ def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
             _print(speeds, extra_pass)  # the figures first: bench/README.md records them
             for (code, err), s in zip(gates["same"], speeds["same"], strict=True):
                 assert code == 0 and "no regression" in err, err
-                assert s["verdict"] == "same", s
+                # the noise measurement wants "same" every time; the always-run gate case only
+                # what gates a merge (a chance "faster" on a shared runner does not)
+                assert s["verdict"] == "same" or (runs != RUNS and s["verdict"] == "faster"), s
             # compare by id and by labels: the same comparison
             by_id = client.jobs.compare(pr_jobs[0].id, to=base.id)
             by_labels = client.jobs.compare(pr_jobs[0].id, to_labels={"branch": "main"})
