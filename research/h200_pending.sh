@@ -9,6 +9,8 @@
 #   bash research/h200_pending.sh STAGE        # results land in $OUT (default: ./h200-out)
 #
 # Stages, most wanted first (times are estimates from earlier runs):
+#   changed        the GPU tests written or changed since the last H200 run (stop 14: the
+#                  explained-baseline verdicts in bf16, the gate's five slowed runs) (~120 s)
 #   timing    #15  bench/ci_latency.py after the memory fix (~150 s) and the engine table of
 #                  examples/h200.yaml for the README (~120 s)
 #   verdicts  #14  false failures of the correct impls over smoke + h200, 3 seeds (~450 s)
@@ -17,7 +19,7 @@
 #                  the Liger parity spec, kassay selftest on CUDA (~500 s)
 #   gputests       the whole GPU test suite (~400 s)
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh timing|verdicts|flce|gputests}
+stage=${1:?usage: h200_pending.sh changed|timing|verdicts|flce|gputests}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
@@ -36,6 +38,10 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep its log, say h
 }
 
 case $stage in
+changed)
+    step gpu-changed 300 python3 -m pytest -q -s -m gpu tests/gpu/test_verdicts_gpu.py \
+        tests/gpu/test_compare_gate_gpu.py -p no:cacheprovider
+    ;;
 timing)
     step ci-latency 330 python3 bench/ci_latency.py --out "$out/ci-latency-h200-$day.json"
     step h200-engine 240 python3 -m kassay.cli run examples/h200.yaml --device cuda --quiet \
