@@ -4,11 +4,12 @@ resuming only what is unfinished, and API replicas sharing one database."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
 
-from kassay.api.store import Store, body_hash
+from kassay.api.store import JOB_STATES, Store, body_hash
 from kassay.api.store.migrate import upgrade
 from kassay.errors import ConflictError
 from kassay.validate.results import CaseResult
@@ -278,6 +279,85 @@ def test_a_cancelled_job_stays_cancelled_while_groups_finish(store):
     assert final.counts["skipped"] > 0
     assert len(store.case_results(job.id)) == 10_000
     assert len(statements) <= 20, (len(statements), f"{took:.1f} s")
+
+
+def test_the_status_read_answers_what_the_full_read_does_in_every_state(store):
+    """get_job, the hot status read (a plain sqlite3 connection on SQLite, a prepared psycopg
+    statement on PostgreSQL), returns the record the SQLAlchemy reads return: for a finished, a
+    running, a cancelled and a queued job with labels, counts and timestamps; None for a job
+    that does not exist."""
+    done, _ = _create(store, spec={**SPEC, "labels": {"repo": "kassay", "pr": "7"}})
+    for status in ("passed", "failed"):
+        claim = store.claim_group(worker="w1", owner="o", lease_s=60)
+        for impl in claim.group.impls:
+            store.record_result(done.id, _result(claim, impl, status))
+        store.finish_group(done.id, claim.group.group_id)
+    running, _ = _create(store)
+    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
+    store.record_result(running.id, _result(claim, "torch"))
+    cancelled, _ = _create(store, spec={**SPEC, "labels": {}})
+    store.cancel_job(cancelled.id)
+    _create(store)  # stays queued
+    listed = {j.id: j for j in store.list_jobs()}  # SQLAlchemy, the summary columns
+    assert {j.state for j in listed.values()} == set(JOB_STATES)
+    from sqlalchemy import event
+
+    through_engine: list[str] = []
+
+    def count(*args) -> None:
+        through_engine.append(args[2])
+
+    for job_id, want in listed.items():
+        event.listen(store.engine, "before_cursor_execute", count)
+        got = store.get_job(job_id)
+        event.remove(store.engine, "before_cursor_execute", count)
+        assert got == want
+        assert through_engine == []  # the fast read, not SQLAlchemy's
+        full = store.get_job(job_id, full=True)
+        assert dataclasses.replace(full, spec={}, environments=[]) == got
+    got = store.get_job(done.id)
+    assert got.labels == {"repo": "kassay", "pr": "7"} and got.finished_at >= got.started_at
+    assert got.counts["passed"] == got.counts["failed"] == 2 and got.ok is False
+    assert store.get_job(cancelled.id).cancel_requested is True
+    assert store.get_job("job_0000000000000000") is None
+
+
+def _other_backends(admin, database: str) -> list[int]:
+    rows = admin.execute(
+        "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+        (database,),
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_postgres_reads_survive_dropped_connections_and_close_releases_them(pg_url):
+    """The server drops every connection of a replica's store (a restarted database, an idle
+    timeout, pg_terminate_backend): the next status read (no pre-ping on its connections)
+    retries once on a new connection and succeeds, and so does the next SQLAlchemy read (the
+    engine's pre-ping). Closing the store leaves no connection behind."""
+    import psycopg
+    from sqlalchemy import make_url
+
+    upgrade(pg_url)
+    url = make_url(pg_url)
+    store = Store(pg_url)
+    job, _ = _create(store)
+    assert store.get_job(job.id) == job
+    with psycopg.connect(
+        url.set(drivername="postgresql").render_as_string(hide_password=False), autocommit=True
+    ) as admin:
+        pids = _other_backends(admin, url.database)
+        assert pids
+        for pid in pids:  # waits (up to 5 s) until the backend is gone
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
+        assert store.get_job(job.id) == job
+        assert store.get_job(job.id) == job
+        assert store.list_jobs() == [job]
+        store.close()
+        deadline = time.monotonic() + 10
+        while _other_backends(admin, url.database) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _other_backends(admin, url.database) == []
 
 
 def test_replicas_starting_together_create_the_schema_once(empty_url):

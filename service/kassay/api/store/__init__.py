@@ -79,6 +79,7 @@ class Store:
         self.series = self.history.series
 
     def close(self) -> None:
+        self.jobs.close()
         self.engine.dispose()
 
     def ping(self) -> bool:

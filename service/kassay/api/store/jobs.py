@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import ColumnElement, Engine, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
@@ -19,6 +19,9 @@ from sqlalchemy.exc import IntegrityError
 from kassay.api.tables import STATUS_COLUMNS, cases, groups, job_labels, jobs
 from kassay.errors import ConflictError, NotFoundError
 from kassay.validate.spec import GroupSpec, JobSpec
+
+if TYPE_CHECKING:
+    from kassay.api.store.prepared import PreparedRead
 
 JOB_STATES = ("queued", "running", "finished", "cancelled")
 ACTIVE_STATES = ("queued", "running")
@@ -91,6 +94,7 @@ _GET_JOB_FULL = select(jobs).where(jobs.c.id == bindparam("job_id"))
 
 
 _FAST_SQL = f"SELECT {', '.join(c.name for c in _SUMMARY)} FROM jobs WHERE id = ?"
+_PG_FAST_SQL = _FAST_SQL.replace("?", "%s")
 
 
 @dataclass
@@ -129,6 +133,18 @@ class Jobs:
         # thread, ~10x cheaper than going through SQLAlchemy's pool and compiler.
         self._sqlite_path = sqlite_path
         self._local = threading.local()
+        # PostgreSQL through psycopg 3: the same read as a prepared statement on connections
+        # of its own (imported here: psycopg is the optional `postgres` extra).
+        self._pg_read: PreparedRead | None = None
+        if engine.dialect.name == "postgresql" and engine.dialect.driver == "psycopg":
+            from kassay.api.store.prepared import PreparedRead
+
+            self._pg_read = PreparedRead(engine, _PG_FAST_SQL)
+
+    def close(self) -> None:
+        """Close the connections of the fast reads (the engine is the Store's to dispose)."""
+        if self._pg_read is not None:
+            self._pg_read.close()
 
     def create_job(
         self,
@@ -250,6 +266,9 @@ class Jobs:
         """A job's state and progress; `full` adds its spec and environments."""
         if not full and self._sqlite_path:
             return self._fast_get(job_id)
+        if not full and self._pg_read is not None:
+            m = self._pg_read.fetchone((job_id,))
+            return _record(_Mapped(m)) if m is not None else None
         with self.engine.connect() as conn:
             row = conn.execute(_GET_JOB_FULL if full else _GET_JOB, {"job_id": job_id}).first()
         return _record(row) if row is not None else None
