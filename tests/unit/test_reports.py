@@ -3,13 +3,14 @@
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
 
 from kassay.validate import reports
 from kassay.validate.local import run_job
-from kassay.validate.results import Report
+from kassay.validate.results import CaseResult, Report
 from kassay.validate.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,18 +73,19 @@ def test_markdown_and_html(report: Report) -> None:
         reports.render(report, "pdf")
 
 
+def _torch_case(**fields: Any) -> CaseResult:
+    """The torch case of group g, seed 0, with `fields` (op, params, regime, dtype, status...)."""
+    return CaseResult(case_id="g:torch", group_id="g", impl="torch", seed=0, **fields)
+
+
 def test_flags_and_coverage_marks_reach_every_format() -> None:
-    from kassay.validate.results import CaseResult, Summary
+    from kassay.validate.results import Summary
 
     cases = [
-        CaseResult(
-            case_id="g:torch",
-            group_id="g",
+        _torch_case(
             op="lse_merge",
-            impl="torch",
             params={"T": 8},
             regime="empty_rows",
-            seed=0,
             dtype="float32",
             status="failed",
             message="out: baseline suspect: ...",
@@ -108,22 +110,18 @@ def test_flags_and_coverage_marks_reach_every_format() -> None:
 
 
 def test_an_explained_baseline_says_so_with_its_numbers_in_every_format() -> None:
-    from kassay.validate.results import CaseResult, Summary
+    from kassay.validate.results import Summary
     from kassay.validate.table import summary_table
 
     note = (
         "grad_weight: baseline explained by its precision: rel_l2 0.0142 against the exact "
-        "reference, 9.11e-05 against the reference with logits rounded to float16; its limits "
-        "are used"
+        "reference, 9.11e-05 against the reference with logits rounded to float16; the others "
+        "are judged against both"
     )
-    case = CaseResult(
-        case_id="g:torch",
-        group_id="g",
+    case = _torch_case(
         op="flce",
-        impl="torch",
         params={"N": 16},
         regime="large_logits",
-        seed=0,
         dtype="float16",
         status="passed",
         message=note,

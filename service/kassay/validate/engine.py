@@ -26,6 +26,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -67,12 +68,14 @@ EXPLAINED = "baseline explained by its precision"
 Explain = Callable[[OutputSpec, torch.Tensor, RawMetrics, Floor], str | None]
 
 
+@dataclass
 class _Precise:
     """An output on which the baseline is explained: the precision reference of it, the rounding
     that reference does (in words) and the baseline's errors against it."""
 
-    def __init__(self, ref: torch.Tensor, what: str, base: RawMetrics) -> None:
-        self.ref, self.what, self.base = ref, what, base
+    ref: torch.Tensor
+    what: str
+    base: RawMetrics
 
 
 def _sync(device: torch.device) -> None:

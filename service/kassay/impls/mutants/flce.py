@@ -18,14 +18,25 @@ def _mutant(name: str, fn: Any, bug: str, exposes: tuple[str, ...] = ("normal",)
     )
 
 
+def _ce_rows(
+    z: torch.Tensor, target: torch.Tensor, p: FlceParams, weight: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Correct per-row cross-entropy of logits z [N, V] (class weights `weight` [V] or none)."""
+    return F.cross_entropy(
+        z,
+        target,
+        weight=weight,
+        ignore_index=p.ignore_index,
+        label_smoothing=p.label_smoothing,
+        reduction="none",
+    )
+
+
 def _rows(
     x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
 ) -> torch.Tensor:
     """Correct per-row losses (float32 logits), for mutants that break something else."""
-    z = F.linear(x, w, b).float()
-    return F.cross_entropy(
-        z, target, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing, reduction="none"
-    )
+    return _ce_rows(F.linear(x, w, b).float(), target, p)
 
 
 def autocast_bias_none(
@@ -268,15 +279,7 @@ def _weighted_rows(
     p: FlceParams,
     ce_weight: torch.Tensor | None,
 ) -> torch.Tensor:
-    z = F.linear(x, w, b).float()
-    return F.cross_entropy(
-        z,
-        target,
-        weight=ce_weight,
-        ignore_index=p.ignore_index,
-        label_smoothing=p.label_smoothing,
-        reduction="none",
-    )
+    return _ce_rows(F.linear(x, w, b).float(), target, p, ce_weight)
 
 
 def _reduce(rows: torch.Tensor, divisor: torch.Tensor, p: FlceParams) -> torch.Tensor:
@@ -332,9 +335,7 @@ def token_scaling_grad(
     """Token scaling whose target probability is not detached: the loss is right, but the
     gradient also flows through p_y (d(p·ce) = p·dce + ce·dp instead of p·dce)."""
     z = F.linear(x, w, b).float()
-    rows = F.cross_entropy(
-        z, target, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing, reduction="none"
-    )
+    rows = _ce_rows(z, target, p)
     valid = target != p.ignore_index
     if p.use_token_scaling:
         rows = (
@@ -354,9 +355,7 @@ def accuracy_counts_ignored(
     instead of over the non-ignored rows)."""
     z = F.linear(x, w, b).float()
     valid = target != p.ignore_index
-    rows = F.cross_entropy(
-        z, target, ignore_index=p.ignore_index, label_smoothing=p.label_smoothing, reduction="none"
-    )
+    rows = _ce_rows(z, target, p)
     hits = ((z.detach().argmax(dim=-1) == target) & valid).float()
     acc = hits if p.reduction == "none" else hits.mean()
     return _reduce(rows, valid.sum(), p), None, acc
