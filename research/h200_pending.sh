@@ -8,18 +8,17 @@
 #   export PYTHONPATH=/tmp/site:$PWD/service:$PWD/client
 #   bash research/h200_pending.sh STAGE        # results land in $OUT (default: ./h200-out)
 #
-# Stages, most wanted first (times are estimates from earlier runs):
-#   changed        the GPU tests written or changed since the last H200 run (stop 14: the
-#                  explained-baseline verdicts in bf16, the gate's five slowed runs) (~120 s)
-#   timing    #15  bench/ci_latency.py after the memory fix (~150 s) and the engine table of
-#                  examples/h200.yaml for the README (~120 s)
-#   verdicts  #14  false failures of the correct impls over smoke + h200, 3 seeds (~450 s)
-#   flce      #21  A/B of the default call against the package before the option parity merge
-#                  (needs .ab_base: see research/flce_package_ab.py), the memory-speed curve,
-#                  the Liger parity spec, kassay selftest on CUDA (~500 s)
-#   gputests       the whole GPU test suite (~400 s)
+# Stages (times are estimates from earlier runs; each fits one 600 s call):
+#   correct   the work whose numbers do not depend on timing, three processes side by side on
+#             the one GPU: the GPU tests except the timing ones, #14's false-failure table
+#             (smoke x 3 seeds, h200 x 2), #21's Liger parity spec and kassay selftest (~550 s)
+#   timed     alone on the GPU: the timing GPU tests (device time vs the profiler, the gate's
+#             slowed runs), #15's bench/ci_latency.py and the README's engine table (~450 s)
+#   flce      #21: A/B of the default call against the package before the option parity merge
+#             (needs .ab_base: see research/flce_package_ab.py) and the memory-speed curve (~400 s)
+# and, one at a time: changed (the GPU tests changed in stop 14), timing, verdicts, gputests.
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh changed|timing|verdicts|flce|gputests}
+stage=${1:?usage: h200_pending.sh correct|timed|flce|changed|timing|verdicts|gputests}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
@@ -37,7 +36,33 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep its log, say h
     tail -n 15 "$out/$name.log"
 }
 
+timing_tests=(tests/gpu/test_timing_gpu.py tests/gpu/test_compare_gate_gpu.py)
+
 case $stage in
+correct)
+    ignore=()
+    for t in "${timing_tests[@]}"; do ignore+=(--ignore "$t"); done
+    step gpu-correct 540 python3 -m pytest -q -m gpu tests/gpu "${ignore[@]}" \
+        -p no:cacheprovider &
+    (
+        step verdicts-smoke 240 python3 bench/verdicts.py --device cuda --skip wall mutants \
+            --spec examples/smoke.yaml --seeds 3 --out "$out/verdicts-smoke-h200-$day.json"
+        step verdicts-h200 300 python3 bench/verdicts.py --device cuda --skip wall mutants \
+            --spec examples/h200.yaml --seeds 2 --out "$out/verdicts-h200-$day.json"
+    ) &
+    (
+        step liger-parity 120 python3 -m kassay.cli run examples/flce-liger-parity.yaml \
+            --device cuda --quiet --json "$out/flce-liger-parity-h200-$day.json"
+        step selftest 240 python3 -m kassay.cli selftest --device cuda
+    ) &
+    wait
+    ;;
+timed)
+    step gpu-timed 200 python3 -m pytest -q -m gpu "${timing_tests[@]}" -p no:cacheprovider
+    step ci-latency 240 python3 bench/ci_latency.py --out "$out/ci-latency-h200-$day.json"
+    step h200-engine 120 python3 -m kassay.cli run examples/h200.yaml --device cuda --quiet \
+        --json "$out/h200-engine-$day.json" --markdown "$out/h200-engine-$day.md"
+    ;;
 changed)
     step gpu-changed 300 python3 -m pytest -q -s -m gpu tests/gpu/test_verdicts_gpu.py \
         tests/gpu/test_compare_gate_gpu.py -p no:cacheprovider
@@ -54,15 +79,12 @@ verdicts)
     ;;
 flce)
     if [ -d .ab_base/service ]; then
-        step flce-ab 200 python3 research/flce_package_ab.py --base .ab_base/service \
+        step flce-ab 280 python3 research/flce_package_ab.py --base .ab_base/service \
             --new service --out "$out/flce-package-ab-h200-$day.json"
     else
         echo "== flce-ab: skipped, no .ab_base (see research/flce_package_ab.py)"
     fi
-    step flce-budgets 200 python3 bench/flce.py --budgets --out "$out/flce-budgets-h200-$day.json"
-    step liger-parity 80 python3 -m kassay.cli run examples/flce-liger-parity.yaml \
-        --device cuda --quiet --json "$out/flce-liger-parity-h200-$day.json"
-    step selftest 80 python3 -m kassay.cli selftest --device cuda
+    step flce-budgets 280 python3 bench/flce.py --budgets --out "$out/flce-budgets-h200-$day.json"
     ;;
 gputests)
     step gpu-tests 570 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider
