@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--log", default=None, help="copy kassay serve's log here at the end")
     ap.add_argument(
         "--cache-gib", type=float, default=48.0, help="the worker's reference cache (host RAM)"
     )
@@ -51,6 +54,10 @@ def main() -> None:
     )
     url = f"http://127.0.0.1:{args.port}"
     runs = []
+    # A time limit's SIGTERM must still stop serve (and its worker, which holds the GPU) and keep
+    # the log: the finally below runs only if the signal becomes an exception.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    t_start = time.perf_counter()
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
@@ -63,12 +70,23 @@ def main() -> None:
             time.sleep(0.5)
         else:
             raise SystemExit("kassay serve did not become ready")
+        print(f"serve ready in {time.perf_counter() - t_start:.1f} s", flush=True)
         text = Path(args.spec).read_text()
         with Client(url, timeout=60) as client:
             for i in range(args.runs):
                 t0 = time.perf_counter()
                 job = client.jobs.create(text)
-                done = client.jobs.wait(job.id, timeout=1800)
+
+                def progress(event: object, t0: float = t0) -> None:
+                    result = getattr(event, "result", None)
+                    if result is not None:  # when each case ends: where a slow run spends it
+                        print(
+                            f"  {time.perf_counter() - t0:7.1f} s {result.op}.{result.impl} "
+                            f"{result.case_id} {result.status}",
+                            flush=True,
+                        )
+
+                done = client.jobs.wait(job.id, timeout=1800, on_event=progress)
                 wall = time.perf_counter() - t0
                 report = client.jobs.report(job.id)
                 md = client.jobs.report(job.id, format="markdown")
@@ -99,7 +117,12 @@ def main() -> None:
                 print(f"run {i + 1}: {wall:.1f} s, {len(report.cases)} cases, ok={done.ok}; {note}")
     finally:
         serve.terminate()
-        serve.wait(timeout=30)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+        if args.log:
+            shutil.copy(Path(data) / "serve.log", args.log)
     same = all(r["statuses"] == runs[0]["statuses"] for r in runs)
     result = {
         **run_meta(),

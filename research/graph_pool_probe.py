@@ -1,0 +1,78 @@
+"""Where does timing's reserved memory stay? (tests/gpu/test_timing_gpu.py's
+test_timing_many_cases_leaves_no_memory_behind failed on the H200, 2026-12-03: 5960 MiB still
+reserved after the cases ended.)
+
+Times the test's cases (a bf16 forward+backward of growing size) with kassay's time_call and,
+after each, prints how the timing went (mode, why not a graph), the memory reserved after
+empty_cache, after gc.collect() + empty_cache, and the reserved bytes by allocator pool (a CUDA
+graph's private pool has its own id; the default pool is (0, 0)).
+
+    PYTHONPATH=service python3 research/graph_pool_probe.py
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+from collections import Counter
+
+import torch
+
+from kassay.validate.spec import TimingPolicy
+from kassay.validate.timing import time_call
+
+DEV = torch.device("cuda")
+MiB = 2**20
+
+
+def pools() -> dict[str, int]:
+    by: Counter[str] = Counter()
+    for seg in torch.cuda.memory._snapshot()["segments"]:
+        by[str(tuple(seg.get("segment_pool_id", (0, 0))))] += seg["total_size"]
+    return {k: v // MiB for k, v in by.items()}
+
+
+def case(n: int, backward: bool) -> object:
+    a = torch.randn(n, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=backward)
+    w = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=backward)
+
+    def call() -> None:
+        y = (a @ w).float().square().mean()
+        if backward:
+            y.backward()
+
+    policy = TimingPolicy(warmup=1, min_reps=3, max_reps=20, budget_s=0.2)
+    return time_call(call, DEV, policy)
+
+
+def main() -> None:
+    variant = sys.argv[1] if len(sys.argv) > 1 else "backward"
+    backward = variant == "backward"
+    case(8192, backward)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved() // MiB
+    print(json.dumps({"variant": variant, "base_mib": base, "pools": pools()}), flush=True)
+    for n in (16384, 32768, 8192, 65536):
+        st = case(n, backward)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        r1 = torch.cuda.memory_reserved() // MiB
+        gc.collect()
+        torch.cuda.empty_cache()
+        r2 = torch.cuda.memory_reserved() // MiB
+        row = {
+            "n": n,
+            "mode": getattr(st, "mode", None),
+            "graph_fallback": getattr(st, "graph_fallback", None),
+            "reserved_mib": r1,
+            "after_gc_mib": r2,
+            "allocated_mib": torch.cuda.memory_allocated() // MiB,
+            "pools": pools(),
+        }
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
