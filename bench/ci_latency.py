@@ -61,6 +61,9 @@ def main() -> None:
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
+            if serve.poll() is not None:  # died at start (a missing package): say so now
+                tail = (Path(data) / "serve.log").read_text(errors="replace")[-2000:]
+                raise SystemExit(f"kassay serve exited with {serve.returncode}:\n{tail}")
             try:
                 r = httpx.get(f"{url}/readyz", timeout=2)
                 if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:

@@ -3,7 +3,10 @@
 # tool's `carry: [".whl"]`. There, install them first:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD/service:$PWD/client
-# The image has torch, triton, numpy, pyyaml, httpx, rich, prometheus-client, anyio, h11.
+# The image has torch, triton, numpy, pyyaml, httpx, rich, prometheus-client, anyio, h11 (the
+# IMAGE line; tests/unit/test_gpu_wheels.py checks that every package the api and worker extras
+# need, dependencies included, is in the image or in pkgs below).
+# IMAGE: torch triton numpy pyyaml httpx rich prometheus-client anyio h11
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx "/.whl/" .git/info/exclude 2>/dev/null || echo "/.whl/" >> .git/info/exclude
@@ -14,6 +17,7 @@ pkgs=(
   typing-inspection==0.4.5 typing-extensions python-dotenv==1.2.4
   fastapi==0.165.0 starlette==1.10.0 annotated-doc opentelemetry-api importlib-metadata zipp
   uvicorn==0.55.0 sqlalchemy==2.1.9 sse-starlette==3.7.1 python-multipart==0.0.34
+  alembic mako markupsafe fastapi-offline httptools uvloop click
   grpcio==1.84.2 protobuf==7.36.2 grpcio-health-checking==1.84.2 grpcio-reflection==1.84.2
   grpcio-status==1.84.2 googleapis-common-protos
   liger-kernel==0.8.5 cut-cross-entropy==25.1.1 nvidia-ml-py packaging
