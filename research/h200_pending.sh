@@ -13,12 +13,13 @@
 #             the one GPU: the GPU tests except the timing ones, #14's false-failure table
 #             (smoke x 3 seeds, h200 x 2), #21's Liger parity spec and kassay selftest (~550 s)
 #   timed     alone on the GPU: the timing GPU tests (device time vs the profiler, the gate's
-#             slowed runs), #15's bench/ci_latency.py and the README's engine table (~450 s)
+#             slowed runs) and #15's bench/ci_latency.py (~300 s)
+#   engine    alone on the GPU: the README's engine table from examples/h200.yaml (~150 s)
 #   flce      #21: A/B of the default call against the package before the option parity merge
 #             (needs .ab_base: see research/flce_package_ab.py) and the memory-speed curve (~400 s)
-# and, one at a time: changed (the GPU tests changed in stop 14), timing, verdicts, gputests.
+#   gputests  the whole GPU test suite, alone (~400 s)
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh correct|timed|flce|changed|timing|verdicts|gputests}
+stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
@@ -59,23 +60,14 @@ correct)
     ;;
 timed)
     step gpu-timed 200 python3 -m pytest -q -m gpu "${timing_tests[@]}" -p no:cacheprovider
-    step ci-latency 240 python3 bench/ci_latency.py --out "$out/ci-latency-h200-$day.json"
-    step h200-engine 120 python3 -m kassay.cli run examples/h200.yaml --device cuda --quiet \
+    step ci-latency 300 python3 bench/ci_latency.py --out "$out/ci-latency-h200-$day.json" \
+        --log "$out/ci-latency-serve.log"
+    ;;
+engine)
+    # all regimes and the coverage points of the flce suites run too: ~120 s (23 s in 2026-12-02,
+    # before default coverage)
+    step h200-engine 400 python3 -m kassay.cli run examples/h200.yaml --device cuda --quiet \
         --json "$out/h200-engine-$day.json" --markdown "$out/h200-engine-$day.md"
-    ;;
-changed)
-    step gpu-changed 300 python3 -m pytest -q -s -m gpu tests/gpu/test_verdicts_gpu.py \
-        tests/gpu/test_compare_gate_gpu.py -p no:cacheprovider
-    ;;
-timing)
-    step ci-latency 330 python3 bench/ci_latency.py --out "$out/ci-latency-h200-$day.json"
-    step h200-engine 240 python3 -m kassay.cli run examples/h200.yaml --device cuda --quiet \
-        --json "$out/h200-engine-$day.json" --markdown "$out/h200-engine-$day.md"
-    ;;
-verdicts)
-    step verdicts 570 python3 bench/verdicts.py --device cuda --skip wall mutants \
-        --spec examples/smoke.yaml --spec examples/h200.yaml --seeds 3 \
-        --out "$out/verdicts-h200-$day.json"
     ;;
 flce)
     if [ -d .ab_base/service ]; then
