@@ -7,7 +7,17 @@ after each, prints how the timing went (mode, why not a graph), the memory reser
 empty_cache, after gc.collect() + empty_cache, and the reserved bytes by allocator pool (a CUDA
 graph's private pool has its own id; the default pool is (0, 0)).
 
-    PYTHONPATH=service python3 research/graph_pool_probe.py
+    PYTHONPATH=service python3 research/graph_pool_probe.py [backward|forward|fail-first]
+
+Found on the H200 (2026-12-03, torch 2.11): alone, none of the three variants without
+`fail-first` keeps memory (reserved stays at the flush buffer's 200-450 MiB, cases timed as
+events because direct calls keep the device busy); the test fails only after
+test_a_failed_capture_leaves_the_device_and_its_generator_usable ran in the same process.
+Suspect: torch <= 2.11 keeps a failed capture's private pool alive (pytorch/pytorch#190348,
+#190308), and kassay's own flce fails every capture (its target check waits on an event:
+"operation failed due to a previous error during capture" in every kassay case of
+examples/flce-liger-parity.yaml), so an executor leaks a pool per kassay flce case.
+`fail-first` runs one failed capture before the cases: the next H200 session's first run.
 """
 
 from __future__ import annotations
@@ -48,7 +58,18 @@ def case(n: int, backward: bool) -> object:
 
 def main() -> None:
     variant = sys.argv[1] if len(sys.argv) > 1 else "backward"
-    backward = variant == "backward"
+    backward = variant in ("backward", "fail-first")
+    if variant == "fail-first":
+        from kassay.validate.timing import _capture
+
+        x = torch.randn(1 << 10, device=DEV)
+
+        def explicit_sync() -> None:
+            x.mul_(1.0)
+            torch.cuda.current_stream().synchronize()
+
+        _graph, why = _capture(explicit_sync, DEV, reps=1, flush=None)
+        print(json.dumps({"failed_capture": why, "pools": pools()}), flush=True)
     case(8192, backward)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
