@@ -95,25 +95,31 @@ if importlib.util.find_spec("liger_kernel") is not None:
     )
 
 
+def _cce_supports(p: FlceParams, device: torch.device) -> str | None:
+    if device.type != "cuda":
+        return "Cut Cross-Entropy runs only on CUDA devices"
+    if p.label_smoothing > 0 or p.z_loss_scale > 0 or p.return_z_loss:
+        return "Cut Cross-Entropy has no label smoothing or z-loss"
+    if p.ce_weight or p.use_token_scaling or p.return_token_accuracy or p.accum_dtype:
+        return "Cut Cross-Entropy has no class weights, token scaling/accuracy or accum_dtype"
+    if p.dtype not in ("bfloat16", "float16"):
+        # cce_backward asserts 16-bit embeddings and does not follow autocast: float32
+        # inputs fail in backward ("Backwards requires embeddings to be bf16 or fp16")
+        return "Cut Cross-Entropy's backward needs bfloat16 or float16 inputs (no autocast)"
+    if p.bias and not _cce_has_bias():
+        return "this Cut Cross-Entropy release takes no bias"
+    return None
+
+
+def _cce_has_bias() -> bool:
+    import inspect
+
+    from cut_cross_entropy import linear_cross_entropy
+
+    return "bias" in inspect.signature(linear_cross_entropy).parameters
+
+
 if importlib.util.find_spec("cut_cross_entropy") is not None:
-
-    def _cce_supports(p: FlceParams, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "Cut Cross-Entropy runs only on CUDA devices"
-        if p.label_smoothing > 0 or p.z_loss_scale > 0 or p.return_z_loss:
-            return "Cut Cross-Entropy has no label smoothing or z-loss"
-        if p.ce_weight or p.use_token_scaling or p.return_token_accuracy or p.accum_dtype:
-            return "Cut Cross-Entropy has no class weights, token scaling/accuracy or accum_dtype"
-        if p.bias and not _cce_has_bias():
-            return "this Cut Cross-Entropy release takes no bias"
-        return None
-
-    def _cce_has_bias() -> bool:
-        import inspect
-
-        from cut_cross_entropy import linear_cross_entropy
-
-        return "bias" in inspect.signature(linear_cross_entropy).parameters
 
     def _cce(
         x: torch.Tensor,
