@@ -46,8 +46,9 @@ def plot(data: dict, out: Path) -> None:
             if (r["N"], r["H"], r["V"]) == shape and "ms" in r:
                 ax.plot(r["peak_extra_gib"], r["ms"], "s", label=r["impl"])
         ax.set_xscale("log")
+        ax.set_yscale("log")  # chunks under ~64 rows run 10-20x slower: keep the knee readable
         ax.set_xlabel("peak extra memory, GiB (log)")
-        ax.set_ylabel("forward + backward, ms")
+        ax.set_ylabel("forward + backward, ms (log)")
         ax.set_title(f"flce bf16 N={shape[0]} H={shape[1]} V={shape[2]}")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
