@@ -256,6 +256,58 @@ def test_out_of_range_targets_raise_and_change_nothing():
     check_against_reference(x, w, t, b, go, ls=0.0, red="mean", cap=None, zls=0.0, floor=1e-4)
 
 
+def test_captured_in_a_cuda_graph_matches_eager():
+    """kassay's flce forward + backward captured in a CUDA graph and replayed gives eager's loss
+    and gradients bit for bit. The target check used to wait on an event inside the call, which
+    failed every capture (and, torch <= 2.11, left the failed capture's memory pool reserved:
+    a CI grid's executor grew by GiBs); while a graph is captured the check is now left out."""
+    x, w, t, b = _inputs(1000, 256, 4096, torch.bfloat16, True, 0.2, seed=5)
+    xr, wr, br = (a.clone().requires_grad_() for a in (x, w, b))
+
+    def step():
+        for a in (xr, wr, br):
+            a.grad = None
+        loss = flce_kernel()(xr, wr, t, br, label_smoothing=0.1, memory_budget_bytes=1 << 20)
+        loss.backward()
+        return loss
+
+    eager = step().detach().clone()
+    eager_grads = [a.grad.clone() for a in (xr, wr, br)]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    for a in (xr, wr, br):
+        a.grad = None
+    with torch.cuda.graph(graph):
+        captured = flce_kernel()(xr, wr, t, br, label_smoothing=0.1, memory_budget_bytes=1 << 20)
+        captured.backward()
+    graph.replay()
+    graph.replay()  # gradients are written, not accumulated, by the captured backward's buffers
+    torch.cuda.synchronize()
+    assert torch.equal(captured.detach(), eager)
+    for got, want in zip((xr.grad, wr.grad, br.grad), eager_grads, strict=True):
+        assert torch.equal(got, want)
+
+
+def test_timing_captures_kassay_flce():
+    """The engine's timing can capture kassay's flce (it used to fall back with "operation
+    failed due to a previous error during capture" on every case)."""
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    x, w, t, _ = _inputs(512, 256, 4096, torch.bfloat16, False, 0.1, seed=6)
+    xr, wr = (a.clone().requires_grad_() for a in (x, w))
+
+    def call():
+        flce_kernel()(xr, wr, t).backward()
+
+    timing = time_call(call, torch.device("cuda"), TimingPolicy(warmup=1, min_reps=5))
+    assert timing.mode == "graph" or "capture" not in (timing.graph_fallback or ""), timing
+
+
 def _ref64_gw(x, w, t, chunk=1024):
     xd, wd = x.double(), w.double()
     valid = t != II

@@ -166,3 +166,27 @@ def test_timing_many_cases_leaves_no_memory_behind() -> None:
     torch.cuda.empty_cache()
     grown = torch.cuda.memory_reserved() - base
     assert grown < 256 << 20, f"{grown / 2**20:.0f} MiB still reserved after the cases ended"
+
+
+def test_a_failed_capture_is_not_tried_again_for_the_same_impl() -> None:
+    """A call that waits on an event inside (torch's sync debug mode does not see it) fails its
+    capture; with a capture key, the next case of the same impl is timed as events without a
+    second failed capture (each kept a memory pool reserved, torch <= 2.11)."""
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    x = torch.randn(1 << 16, device=DEV)
+
+    def waits() -> None:
+        x.mul_(1.0)
+        ev = torch.cuda.Event()
+        ev.record()
+        ev.synchronize()
+
+    policy = TimingPolicy(warmup=1, min_reps=3, max_reps=10)
+    first = time_call(waits, DEV, policy, capture_key="test/waits")
+    assert first.mode == "events" and first.graph_fallback, first
+    second = time_call(waits, DEV, policy, capture_key="test/waits")
+    assert "failed earlier" in (second.graph_fallback or ""), second.graph_fallback
+    other = time_call(waits, DEV, policy, capture_key="test/other")
+    assert "failed earlier" not in (other.graph_fallback or "")

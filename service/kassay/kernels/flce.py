@@ -173,8 +173,14 @@ class _TargetCheck:
         self.message = (
             f"target holds class indices outside [0, V={v}) other than ignore_index={ignore_index}"
         )
-        bad = (((target < 0) & (target != ignore_index)) | (target >= v)).any()
         self.event: torch.cuda.Event | None = None
+        self.flag: torch.Tensor | None = None
+        if target.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            # A CUDA graph cannot wait for the host: while one is being captured the check is
+            # left out (the kernels still clamp out-of-range targets, so memory stays safe, but
+            # such targets are not reported). Waiting here used to fail every capture.
+            return
+        bad = (((target < 0) & (target != ignore_index)) | (target >= v)).any()
         if target.device.type == "cuda":
             self.flag = torch.empty((), dtype=torch.bool, pin_memory=True)
             self.flag.copy_(bad, non_blocking=True)
@@ -185,6 +191,8 @@ class _TargetCheck:
             self.raise_if_bad()  # host tensors: no queue to keep busy, fail before any work
 
     def raise_if_bad(self) -> None:
+        if self.flag is None:  # skipped while a CUDA graph was captured
+            return
         if self.event is not None:
             self.event.synchronize()
         if bool(self.flag):
@@ -281,6 +289,11 @@ def fused_linear_cross_entropy(
     cast to the autocast dtype for the GEMMs (bias too, so no addmm dtype mismatch), the logits
     chunk stays 16-bit, and gradients come back in the parameters' dtypes (grad_weight is then
     accumulated in float32 directly).
+
+    Targets outside [0, V) other than ignore_index raise ValueError once the forward's kernels
+    are queued (the host waits for one flag, not for the stream). While a CUDA graph is being
+    captured that wait is impossible and the check is left out: the kernels clamp such targets
+    (no out-of-bounds access), but a replayed graph does not report them.
     """
     target_check = _check_inputs(
         x,

@@ -462,7 +462,9 @@ class GroupRunner:
                 return outs
 
             try:
-                timing = time_call(timed, self.device, self.group.timing)
+                timing = time_call(
+                    timed, self.device, self.group.timing, capture_key=f"{self.op.name}/{impl.name}"
+                )
                 _throughput(timing, self.op, self.params, self.ceilings)
                 if is_baseline:
                     self.base_median = timing.median_ms

@@ -50,6 +50,11 @@ _flush_buffers: dict[torch.device, torch.Tensor] = {}
 #: workspace behind each time, each pinning a segment of the caching allocator (an executor's
 #: reserved memory grew to 133 GiB over a CI grid on the H200 and the next groups ran out)
 _capture_streams: dict[torch.device, torch.cuda.Stream] = {}
+#: why a capture failed, per (device, capture key: the engine's op/impl). A failed capture is
+#: not tried again for the same impl in this process: torch <= 2.11 keeps a failed capture's
+#: private memory pool reserved until the process exits (pytorch/pytorch#190348), so an impl
+#: that cannot be captured would leave a pool behind on every case of an executor's life.
+_capture_failures: dict[tuple[torch.device, str], str] = {}
 
 #: the target length of one batch of enqueued repetitions (the host syncs once per batch)
 _BATCH_S = 0.05
@@ -254,9 +259,17 @@ def _quick(call: Callable[[], object], device: torch.device, flush: bool) -> flo
     )
 
 
-def time_call(fn: Callable[[], object], device: torch.device, policy: TimingPolicy) -> TimingStats:
+def time_call(
+    fn: Callable[[], object],
+    device: torch.device,
+    policy: TimingPolicy,
+    *,
+    capture_key: str | None = None,
+) -> TimingStats:
     """Time `fn` (which runs one whole case: e.g. forward + backward) per `policy`: device
-    time as the headline, wall time and host overhead beside it.
+    time as the headline, wall time and host overhead beside it. `capture_key` names what `fn`
+    calls (the engine passes op/impl): once a capture of it failed, later calls with the same
+    key are timed as events without trying again (the reason says so).
 
     The mode is chosen per call by measuring both. Direct calls back to back (`events`) time
     exactly what runs eagerly, and keep the device busy whenever the host enqueues a call faster
@@ -283,11 +296,16 @@ def time_call(fn: Callable[[], object], device: torch.device, policy: TimingPoli
     if not policy.cuda_graph:
         why = "disabled by the timing policy"
     else:
-        syncing = _syncs(fn, device)
-        if syncing is not None:
+        failed = _capture_failures.get((device, capture_key)) if capture_key else None
+        syncing = None if failed else _syncs(fn, device)
+        if failed is not None:
+            why = f"a capture of {capture_key} failed earlier in this process ({failed})"
+        elif syncing is not None:
             why = f"the call synchronises with the host ({syncing})"
         else:
             graph, why = _capture(fn, device, reps=1, flush=None)
+            if graph is None and capture_key and why:
+                _capture_failures[(device, capture_key)] = why
     if graph is not None:
         replay_ms = _quick(graph.replay, device, flush)
         if replay_ms >= _GRAPH_GAIN * direct_ms:
