@@ -60,6 +60,7 @@ correct)
     ;;
 timed)
     step gpu-timed 200 python3 -m pytest -q -m gpu "${timing_tests[@]}" -p no:cacheprovider
+    step graph-pool-probe 60 python3 research/graph_pool_probe.py fail-first
     step ci-latency 300 python3 bench/ci_latency.py --out "$out/ci-latency-h200-$day.json" \
         --log "$out/ci-latency-serve.log"
     ;;
