@@ -110,6 +110,14 @@ class Op(ABC):
         out: Tensors = importlib.import_module(self.runtime_module).reference(inputs, params)
         return out
 
+    def reference_noise(self, inputs: Tensors, params: Any) -> tuple[Tensors, dict[str, float]]:
+        """The float64 reference and, per output, its rounding noise: the standard deviation
+        (in the output's units) a correct impl's result carries from an intermediate every impl
+        rounds, each in its own way (flce: the 16-bit logits, for the scalar loss). The engine
+        widens that output's floor by it: two correct impls' errors there are partly
+        independent draws, and one draw of the baseline's is no limit. Default: no noise."""
+        return self.reference(inputs, params), {}
+
     def precision_rounding(self, params: Any) -> str | None:
         """In words, the rounding every correct impl at these params' precision does that the
         exact reference does not and that can cost it far more than the rounding floor (flce in

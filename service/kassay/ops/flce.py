@@ -179,6 +179,14 @@ class FlceOp(Op):
             return None
         return f"logits rounded to {params.dtype}"
 
+    def reference_noise(
+        self, inputs: Tensors, params: FlceParams
+    ) -> tuple[Tensors, dict[str, float]]:
+        runtime = importlib.import_module(self.runtime_module)
+        noise: dict[str, float] = {}
+        out: Tensors = runtime.reference(inputs, params, noise=noise)
+        return out, noise
+
     def precision_reference(self, inputs: Tensors, params: FlceParams) -> Tensors:
         """The float64 reference on logits rounded to the compute dtype (under AMP on x, W and
         b rounded to it too, as autocast casts them): what a correct 16-bit impl computes."""

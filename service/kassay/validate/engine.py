@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]
 #: what an output's reason says when the baseline's error there is explained by its precision
 EXPLAINED = "baseline explained by its precision"
+#: the reference dict's key prefix for an output's rounding noise (Op.reference_noise)
+NOISE_KEY = "~noise:"
 #: (output spec, the baseline's copy of it, its errors against the exact reference, the floor)
 #: -> why the case's precision explains those errors, or None
 Explain = Callable[[OutputSpec, torch.Tensor, RawMetrics, Floor], str | None]
@@ -364,16 +366,22 @@ class GroupRunner:
         self, group: GroupSpec, device: torch.device
     ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         inputs = self.op.make_inputs(self.params, group.regime, group.seed, device)
-        return inputs, self.op.reference(inputs, self.params)
+        ref, noise = self.op.reference_noise(inputs, self.params)
+        # kept with the reference (and in its cache) under names no output can have
+        for name, sigma in noise.items():
+            ref[NOISE_KEY + name] = torch.tensor(sigma, dtype=torch.float64)
+        return inputs, ref
 
     def _floor(self, spec: OutputSpec) -> Floor:
         ref = self.ref[spec.name]
         prec = spec.precision if spec.precision not in (None, spec.dtype) else None
+        noise = self.ref.get(NOISE_KEY + spec.name)
         return effective_floor(
             rounding_error(ref, spec.dtype),
             spec.reduction,
             ref_rms(ref),
             rounding_error(ref, prec) if prec is not None else None,
+            noise_abs=float(noise) if noise is not None else 0.0,
         )
 
     def _explain(

@@ -132,8 +132,16 @@ def plant_hits(inputs: Tensors, params: FlceParams, seed: int) -> None:
     target[undecided] = low[undecided]
 
 
+#: half the spacing of 16-bit floats relative to the value: the largest relative rounding error
+#: of a logit written in that dtype (round to nearest)
+_HALF_ULP = {"bfloat16": 2.0**-8, "float16": 2.0**-11}
+
+
 def reference(
-    inputs: Tensors, params: FlceParams, logits_dtype: torch.dtype | None = None
+    inputs: Tensors,
+    params: FlceParams,
+    logits_dtype: torch.dtype | None = None,
+    noise: dict[str, float] | None = None,
 ) -> Tensors:
     """Float64 loss and gradients, rows processed in chunks so memory stays bounded.
 
@@ -145,8 +153,19 @@ def reference(
     With ce_weight c: row CE = (1-eps)·c[y]·(lse - z_y) + (eps/V)·Σ_j c_j·(lse - z_j) (torch's
     weighted cross_entropy), mean over Σ c[y] of the non-ignored rows; z-loss unweighted.
     With use_token_scaling: each row's loss (z-loss included) and gradient times p_y, held
-    constant. token_accuracy: argmax (first maximal column) == target over non-ignored rows."""
+    constant. token_accuracy: argmax (first maximal column) == target over non-ignored rows.
+
+    noise: when given, filled with the rounding noise of the scalar loss (mean and sum, 16-bit
+    compute dtypes): the standard deviation of the loss when every logit carries its own
+    independent round-to-nearest error of the compute dtype, sigma^2 = sum_nv (dL/dz_nv z_nv)^2
+    h^2 / 3 (h: half the relative spacing; errors uniform in +-h|z|), in the loss's units.
+    Correct impls round the logits differently (once or twice, bias in or after, fp32 or
+    16-bit adds), so their loss errors are partly independent draws of this size: a single
+    draw of the baseline's is no limit for them (`kassay.validate.verdicts.effective_floor`)."""
     p = params
+    compute = p.autocast if p.autocast != "none" else p.dtype
+    half_ulp = _HALF_ULP.get(compute) if noise is not None and p.reduction != "none" else None
+    noise_sq = 0.0
     x, w, target = inputs["x"], inputs["weight"], inputs["target"]
     bias = inputs.get("bias")
     cw = inputs["ce_weight"].double() if p.ce_weight else None
@@ -235,6 +254,14 @@ def reference(
         grad_w += dz.T @ xc
         if grad_b is not None:
             grad_b += dz.sum(dim=0)
+        if half_ulp is not None:
+            # dz is done with: sum (dz * z_pre)^2 in place, z_pre being the logits before the
+            # softcap (cap * atanh(t); where t rounds to +-1 the derivative in dz is 0)
+            if p.softcap is not None:
+                torch.atanh(t, out=z)
+                z.mul_(p.softcap)
+            dz.mul_(z).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+            noise_sq += float(dz.square_().sum())
         del z, prob, dz
 
     def reduce(v: torch.Tensor) -> torch.Tensor:
@@ -255,6 +282,10 @@ def reference(
     else:
         loss = reduce(row_loss)
     out: Tensors = {"loss": loss}
+    if half_ulp is not None and noise is not None:
+        scale = float(go.reshape(-1)[0]) if go.numel() else 0.0  # dz carries grad_output
+        if scale != 0.0:
+            noise["loss"] = math.sqrt(noise_sq / 3.0) * half_ulp / abs(scale)
     if p.return_z_loss:
         out["z_loss"] = reduce(row_z)
     if p.return_token_accuracy:
