@@ -4,16 +4,15 @@ false failure. The committed H200 tables were sorted again with --reclassify."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
 
-import pytest
-
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-verdicts = pytest.importorskip("verdicts")
+verdicts = importlib.import_module("verdicts")  # bench/verdicts.py: must import here
 
 BF16 = "N=45,H=40,V=200,dtype=bfloat16,bias=False,autocast=none,reduction=mean"
 TAIL = (

@@ -185,3 +185,19 @@ def test_models_count_bytes_and_flops() -> None:
     q = f.parse_params({"N": 8192, "H": 4096, "V": 128256})
     assert f.flops(q) == 6 * 8192 * 4096 * 128256
     assert f.unavoidable_bytes(q) == (8192 * 4096 + 128256 * 4096) * 2 + 4
+
+
+def test_an_op_without_a_precision_rounding_has_no_precision_reference_or_noise() -> None:
+    """Op's defaults: the engine asks for a precision reference only where precision_rounding
+    names one (lse_merge: never), so the base class refuses instead of inventing one; the
+    rounding noise defaults to none, the reference itself unchanged."""
+    op = get_op("lse_merge")
+    p = op.parse_params({"T": 8, "Hh": 2, "D": 4, "K": 2, "dtype": "float32"})
+    inputs = op.make_inputs(p, "normal", 0, CPU)
+    assert op.precision_rounding(p) is None
+    with pytest.raises(NotImplementedError, match="no precision reference"):
+        op.precision_reference(inputs, p)
+    ref, noise = op.reference_noise(inputs, p)
+    assert noise == {}
+    want = op.reference(inputs, p)
+    assert ref.keys() == want.keys() and all(torch.equal(ref[k], want[k]) for k in ref)

@@ -165,12 +165,12 @@ def reference(
     p = params
     compute = p.autocast if p.autocast != "none" else p.dtype
     half_ulp = _HALF_ULP.get(compute) if noise is not None and p.reduction != "none" else None
-    noise_sq = 0.0
     x, w, target = inputs["x"], inputs["weight"], inputs["target"]
     bias = inputs.get("bias")
     cw = inputs["ce_weight"].double() if p.ce_weight else None
     go = inputs["grad_output"].double()
     dev = x.device
+    noise_sq = torch.zeros((), dtype=torch.float64, device=dev)  # one host read, at the end
     w64 = w.double()
     b64 = bias.double() if bias is not None else None
     valid = target != p.ignore_index
@@ -261,7 +261,7 @@ def reference(
                 torch.atanh(t, out=z)
                 z.mul_(p.softcap)
             dz.mul_(z).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-            noise_sq += float(dz.square_().sum())
+            noise_sq += dz.square_().sum()
         del z, prob, dz
 
     def reduce(v: torch.Tensor) -> torch.Tensor:
@@ -285,7 +285,7 @@ def reference(
     if half_ulp is not None and noise is not None:
         scale = float(go.reshape(-1)[0]) if go.numel() else 0.0  # dz carries grad_output
         if scale != 0.0:
-            noise["loss"] = math.sqrt(noise_sq / 3.0) * half_ulp / abs(scale)
+            noise["loss"] = math.sqrt(float(noise_sq) / 3.0) * half_ulp / abs(scale)
     if p.return_z_loss:
         out["z_loss"] = reduce(row_z)
     if p.return_token_accuracy:
