@@ -11,7 +11,8 @@
 # Stages (times are estimates from earlier runs; each fits one 600 s call):
 #   correct   the work whose numbers do not depend on timing, three processes side by side on
 #             the one GPU: the GPU tests except the timing ones, #14's false-failure table
-#             (h200 x 3 seeds: ~360 s), #21's Liger parity spec and kassay selftest (~550 s)
+#             (h200 x 3 seeds: ~360 s), CCE with and without its backward filter
+#             (research/cce_filter_probe.py) and kassay selftest (~550 s)
 #   timed     alone on the GPU: the timing GPU tests (device time vs the profiler, the gate's
 #             slowed runs) and #15's bench/ci_latency.py (~300 s)
 #   engine    alone on the GPU: the README's engine table from examples/h200.yaml (~150 s)
@@ -51,8 +52,9 @@ correct)
             --spec examples/h200.yaml --seeds 3 --out "$out/verdicts-h200-$day.json"
     ) &
     (
-        step liger-parity 120 python3 -m kassay.cli run examples/flce-liger-parity.yaml \
-            --device cuda --quiet --json "$out/flce-liger-parity-h200-$day.json"
+        # the Liger parity spec was measured on 2026-12-03 (#21 closed); CCE's filter next
+        step cce-filter 150 python3 research/cce_filter_probe.py --seeds 2 \
+            --out "$out/cce-filter-h200-$day.json"
         step selftest 240 python3 -m kassay.cli selftest --device cuda
     ) &
     wait
