@@ -55,6 +55,17 @@ def known_finding(impl: str, regime: str, case: str, message: str) -> str | None
             "Liger keeps each row's z-loss in the input dtype (ops/fused_linear_cross_entropy.py: "
             "z_loss_1d has dtype=_input.dtype while loss_1d is float32)"
         )
+    if impl == "cce" and sixteen and _failed_outputs(message) == {"grad_input"}:
+        # measured, not read: research/cce_filter_probe.py at N=8192 H=4096 V=128256 bf16 gives
+        # CCE's grad_input 5.3x eager's rel_l2 with its default filter and 4.1x without it; a
+        # bias or an error beyond that size is not this finding
+        m = re.search(r"grad_input: .*?rel_l2 ([0-9.e+-]+) > ([0-9.e+-]+) \(2 x baseline", message)
+        if m and "biased" not in message and float(m.group(1)) <= 4.0 * float(m.group(2)):
+            return (
+                "Cut Cross-Entropy's bf16 backward: grad_input 4-6x eager's rel_l2 at the "
+                "target shape, with or without its gradient filter (filter_eps=None: 4.1x), "
+                "research/results/cce-filter-h200-*.json"
+            )
     return None
 
 

@@ -37,6 +37,16 @@ def test_known_findings_need_their_evidence() -> None:
     both = z_only + "; grad_input: grad_input biased by -0.33%"
     assert kf("liger", "normal", f"flce.liger {BF16}", both) is None
     assert kf("kassay", "all_ignored", f"flce.kassay {BF16}", "ZeroDivisionError") is None
+    # CCE's bf16 grad_input: 4-6x eager's error, measured with and without its filter
+    gx = "grad_input: max_abs 1.81e-07 > 1.53e-07; rel_l2 0.0126 > 0.00636 (2 x baseline + {})"
+    assert kf("cce", "normal", f"flce.cce {BF16}", gx.format("rounding floor"))
+    assert kf("kassay", "normal", f"flce.kassay {BF16}", gx.format("rounding floor")) is None
+    far = gx.replace("0.0126", "0.0300").format("rounding floor")  # 9x eager's: not this
+    assert kf("cce", "normal", f"flce.cce {BF16}", far) is None
+    biased = gx.format("rounding floor") + "; grad_input biased by -0.9%"
+    assert kf("cce", "normal", f"flce.cce {BF16}", biased) is None
+    f32 = f"flce.cce {BF16.replace('bfloat16', 'float32')}"
+    assert kf("cce", "normal", f32, gx.format("rounding floor")) is None
 
 
 def test_reclassify_sorts_a_stored_table_again(tmp_path: Path) -> None:

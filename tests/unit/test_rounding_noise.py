@@ -13,6 +13,7 @@ bfloat16's, the noise 8x smaller, the same rule."""
 
 from __future__ import annotations
 
+import re
 import statistics
 
 import torch
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from kassay.impls import Impl, flce_harness, load, register
 from kassay.ops import get_op
+from kassay.validate import engine
 from kassay.validate.engine import run_group
 from kassay.validate.spec import GroupSpec, TimingPolicy
 
@@ -116,3 +118,120 @@ def test_a_double_rounding_impl_passes_and_a_loss_bug_fails() -> None:
         high = res["t_loss_high"]
         assert high.status == "failed" and "loss" in high.message, high.message
     assert tight >= 2  # the old rule would have failed these seeds
+
+
+# reduction none: rounding each row's grad_output once for the whole row ------------------------
+
+ROWS = {
+    "N": 45,
+    "H": 40,
+    "V": 200,
+    "dtype": "float16",
+    "reduction": "none",
+    "bias": True,
+    "label_smoothing": 0.1,
+    "ignore_fraction": 0.25,
+}
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward hands on grad_output rounded to `dtype` and times `factor`."""
+
+    @staticmethod
+    def forward(ctx, t, dtype, factor):  # type: ignore[no-untyped-def]
+        ctx.dtype, ctx.factor = dtype, factor
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[no-untyped-def]
+        return g.to(ctx.dtype).to(g.dtype) * ctx.factor, None, None
+
+
+def _rows(x, w, target, b, p):
+    z = F.linear(x, w, b).float()
+    return F.cross_entropy(
+        z, target, ignore_index=p.ignore_index, reduction="none", label_smoothing=p.label_smoothing
+    )
+
+
+def _go_rounded(x, w, target, b, p):
+    """Correct, as Liger's backward: each row's grad_output rounded to the input dtype before
+    it scales the row's logit gradients, so the whole row carries one rounding error."""
+    return _ScaleGrad.apply(_rows(x, w, target, b, p), x.dtype, 1.0)
+
+
+def _grads_high(x, w, target, b, p):
+    """A bug: every gradient 0.5% too large (grad_output rounded too, as the correct one)."""
+    return _ScaleGrad.apply(_rows(x, w, target, b, p), x.dtype, 1.005)
+
+
+def test_scale_noise_estimate_matches_the_shift_it_models() -> None:
+    """Per seed, the fitted scale between the reference with grad_output rounded per row and
+    the exact one, over the estimate: like a standard normal's |draw|, never far beyond."""
+    for dtype in ("float16", "bfloat16"):
+        p = OP.parse_params({**ROWS, "dtype": dtype})
+        ratios: dict[str, list[float]] = {"grad_input": [], "grad_weight": [], "grad_bias": []}
+        for seed in range(24):
+            inp = OP.make_inputs(p, "normal", seed, CPU)
+            ref, noise = OP.reference_noise(inp, p)
+            go16 = inp["grad_output"].to(getattr(torch, dtype)).float()
+            shifted = OP.reference({**inp, "grad_output": go16}, p)
+            for k, v in ratios.items():
+                r = ref[k]
+                s = float(((shifted[k] - r) * r).sum() / (r * r).sum())
+                v.append(abs(s) / noise["scale:" + k])
+        for k, v in ratios.items():
+            assert 0.25 < statistics.median(v) < 1.0 and max(v) < 4.0, (dtype, k, v)
+
+
+def test_scale_noise_only_for_16_bit_reduction_none() -> None:
+    for over, has in (
+        ({}, True),
+        ({"dtype": "float32", "autocast": "bfloat16"}, True),
+        ({"dtype": "float32"}, False),
+        ({"reduction": "mean"}, False),
+    ):
+        p = OP.parse_params({**ROWS, **over})
+        _, noise = OP.reference_noise(OP.make_inputs(p, "normal", 0, CPU), p)
+        assert ("scale:grad_weight" in noise) is has, over
+
+
+def _run_rows(seed: int, impls: list[str]) -> dict:
+    load(testing=True)
+    g = GroupSpec(
+        group_id="t",
+        op="flce",
+        params=ROWS,
+        regime="normal",
+        seed=seed,
+        impls=impls,
+        baseline="torch",
+        timing=TimingPolicy(enabled=False),
+    )
+    cases = run_group(g, device="cpu", include_testing=True, ceilings=False)
+    return {c.impl: c for c in cases}
+
+
+def test_a_row_rounding_impl_passes_and_a_scaled_gradient_fails(monkeypatch) -> None:
+    register(
+        Impl("flce", "t_go_rounded", flce_harness.as_run(_go_rounded), kind="testing"), replace=True
+    )
+    register(
+        Impl("flce", "t_grads_high", flce_harness.as_run(_grads_high), kind="testing"), replace=True
+    )
+    seeds = range(12)
+    for seed in seeds:
+        res = _run_rows(seed, ["torch", "t_go_rounded", "t_grads_high"])
+        ok = res["t_go_rounded"]
+        assert ok.status == "passed", (seed, ok.message)
+        high = res["t_grads_high"]
+        assert high.status == "failed", high.message
+        assert re.search(r"grad_weight biased by \+0\.(4[5-9]|5[0-5])%", high.message), high.message
+    # without the scale noise the bias check flags the correct impl on some seeds
+    monkeypatch.setattr(engine, "SCALE_NOISE", "off:")
+    flagged = [
+        s
+        for s in seeds
+        if _run_rows(s, ["torch", "t_go_rounded"])["t_go_rounded"].status != "passed"
+    ]
+    assert flagged, "the row-rounding impl passed every seed without the scale noise"

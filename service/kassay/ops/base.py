@@ -22,6 +22,10 @@ from pydantic import BaseModel, ConfigDict
 if TYPE_CHECKING:
     import torch
 
+#: Op.reference_noise's key prefix for the noise of an output's fitted scale (the bias check's
+#: s in out = (1 + s) ref), as opposed to the noise of its elements (plain output name)
+SCALE_NOISE = "scale:"
+
 #: Bytes per element of every dtype an op's tensors come in (the cost models use it).
 ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
@@ -115,7 +119,11 @@ class Op(ABC):
         (in the output's units) a correct impl's result carries from an intermediate every impl
         rounds, each in its own way (flce: the 16-bit logits, for the scalar loss). The engine
         widens that output's floor by it: two correct impls' errors there are partly
-        independent draws, and one draw of the baseline's is no limit. Default: no noise."""
+        independent draws, and one draw of the baseline's is no limit. Under SCALE_NOISE + an
+        output's name: the standard deviation of that output's fitted scale s from rounding
+        shared along a structure of the output (flce, reduction none: each row's grad_output
+        rounded once for the row's whole gradient), which widens the bias check's limit.
+        Default: no noise."""
         return self.reference(inputs, params), {}
 
     def precision_rounding(self, params: Any) -> str | None:

@@ -33,6 +33,7 @@ import torch
 
 from kassay.impls import Impl, get_impl, load
 from kassay.ops import Op, OutputSpec, get_op
+from kassay.ops.base import SCALE_NOISE
 from kassay.validate.case_result import case_result
 from kassay.validate.ceilings import measure_ceilings
 from kassay.validate.env import environment, resolve_device
@@ -376,12 +377,14 @@ class GroupRunner:
         ref = self.ref[spec.name]
         prec = spec.precision if spec.precision not in (None, spec.dtype) else None
         noise = self.ref.get(NOISE_KEY + spec.name)
+        scale_noise = self.ref.get(NOISE_KEY + SCALE_NOISE + spec.name)
         return effective_floor(
             rounding_error(ref, spec.dtype),
             spec.reduction,
             ref_rms(ref),
             rounding_error(ref, prec) if prec is not None else None,
             noise_abs=float(noise) if noise is not None else 0.0,
+            scale_noise=float(scale_noise) if scale_noise is not None else 0.0,
         )
 
     def _explain(

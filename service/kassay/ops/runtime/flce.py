@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from kassay.ops.base import SCALE_NOISE
 from kassay.ops.flce import REF_CHUNK_BYTES, FlceParams
 from kassay.ops.runtime.base import Tensors, generator
 
@@ -161,16 +162,31 @@ def reference(
     h^2 / 3 (h: half the relative spacing; errors uniform in +-h|z|), in the loss's units.
     Correct impls round the logits differently (once or twice, bias in or after, fp32 or
     16-bit adds), so their loss errors are partly independent draws of this size: a single
-    draw of the baseline's is no limit for them (`kassay.validate.verdicts.effective_floor`)."""
+    draw of the baseline's is no limit for them (`kassay.validate.verdicts.effective_floor`).
+    For reduction none it is filled instead with the noise of the gradients' fitted scale,
+    under SCALE_NOISE + the output's name: an impl may round each row's grad_output to the
+    compute dtype (Liger does), one relative error d_i per row, shared by the row's whole
+    gradient. The fit out = (1 + s) ref then moves by s = sum_i d_i w_i / sum_i w_i, w_i the
+    row's share of <ref, ref> (|grad_x_i|^2; |dz_i|^2 |x_i|^2 for grad_weight and |dz_i|^2 for
+    grad_bias, cross-row terms left out), so sd(s) = h / sqrt(3) sqrt(sum w^2) / sum w: errors
+    coherent along a row, which the bias check's independent-element noise does not cover."""
     p = params
     compute = p.autocast if p.autocast != "none" else p.dtype
-    half_ulp = _HALF_ULP.get(compute) if noise is not None and p.reduction != "none" else None
+    half16 = _HALF_ULP.get(compute) if noise is not None else None
+    half_ulp = half16 if p.reduction != "none" else None
     x, w, target = inputs["x"], inputs["weight"], inputs["target"]
     bias = inputs.get("bias")
     cw = inputs["ce_weight"].double() if p.ce_weight else None
     go = inputs["grad_output"].double()
     dev = x.device
     noise_sq = torch.zeros((), dtype=torch.float64, device=dev)  # one host read, at the end
+    # reduction none: per-row weights of the gradients' scale noise, sums of w and w^2 for
+    # grad_input, grad_weight, grad_bias (see the docstring); one host read, at the end
+    scale_w = (
+        torch.zeros(3, 2, dtype=torch.float64, device=dev)
+        if half16 is not None and half_ulp is None
+        else None
+    )
     w64 = w.double()
     b64 = bias.double() if bias is not None else None
     valid = target != p.ignore_index
@@ -254,6 +270,15 @@ def reference(
         grad_w += dz.T @ xc
         if grad_b is not None:
             grad_b += dz.sum(dim=0)
+        if scale_w is not None:
+            # cross-row terms of grad_weight's and grad_bias's fit are left out: rows' logit
+            # gradients are nearly orthogonal (different targets, spread softmax)
+            dz2 = dz.square().sum(dim=1)
+            for k, wk in enumerate(
+                (grad_x[s:e].square().sum(dim=1), dz2 * xc.square().sum(dim=1), dz2)
+            ):
+                scale_w[k, 0] += wk.sum()
+                scale_w[k, 1] += wk.square().sum()
         if half_ulp is not None:
             # dz is done with: sum (dz * z_pre)^2 in place, z_pre being the logits before the
             # softcap (cap * atanh(t); where t rounds to +-1 the derivative in dz is 0)
@@ -286,6 +311,11 @@ def reference(
         scale = float(go.reshape(-1)[0]) if go.numel() else 0.0  # dz carries grad_output
         if scale != 0.0:
             noise["loss"] = math.sqrt(float(noise_sq) / 3.0) * half_ulp / abs(scale)
+    if scale_w is not None and noise is not None and half16 is not None:
+        names = ("grad_input", "grad_weight", "grad_bias" if grad_b is not None else "")
+        for name, (sw, sw2) in zip(names, scale_w.tolist(), strict=True):
+            if name and sw > 0:
+                noise[SCALE_NOISE + name] = half16 / math.sqrt(3.0) * math.sqrt(sw2) / sw
     if p.return_z_loss:
         out["z_loss"] = reduce(row_z)
     if p.return_token_accuracy:
