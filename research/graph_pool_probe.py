@@ -18,6 +18,13 @@ Suspect: torch <= 2.11 keeps a failed capture's private pool alive (pytorch/pyto
 "operation failed due to a previous error during capture" in every kassay case of
 examples/flce-liger-parity.yaml), so an executor leaks a pool per kassay flce case.
 `fail-first` runs one failed capture before the cases: the next H200 session's first run.
+
+Found (2026-12-04, fail-first): after the failed capture the *default* pool grew 2004 -> 3784 ->
+7124 MiB with 192 MiB allocated, gc and empty_cache giving nothing back. torch's capture_end
+calls cudaStreamEndCapture before endAllocateToPool, so an invalidated capture stays registered
+as underway, and while one is the allocator defers freeing every block with stream uses.
+kassay.validate.timing now captures into its own pool handle and ends + releases that pool when
+a capture fails (`pools_ended` counts it); the next run of this probe shows whether it holds.
 """
 
 from __future__ import annotations
@@ -68,8 +75,11 @@ def main() -> None:
             x.mul_(1.0)
             torch.cuda.current_stream().synchronize()
 
+        from kassay.validate import timing
+
         _graph, why = _capture(explicit_sync, DEV, reps=1, flush=None)
-        print(json.dumps({"failed_capture": why, "pools": pools()}), flush=True)
+        row = {"failed_capture": why, "pools_ended": timing.pools_ended, "pools": pools()}
+        print(json.dumps(row), flush=True)
     case(8192, backward)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()

@@ -190,3 +190,68 @@ def test_a_failed_capture_is_not_tried_again_for_the_same_impl() -> None:
     assert "failed earlier" in (second.graph_fallback or ""), second.graph_fallback
     other = time_call(waits, DEV, policy, capture_key="test/other")
     assert "failed earlier" not in (other.graph_fallback or "")
+
+
+def test_a_long_call_is_timed_directly_and_matches_the_profiler() -> None:
+    """A call of tens of ms that the host enqueues at once: no graph is tried, two wall calls,
+    and the device time still agrees with the profiler's."""
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import time_call
+
+    a = torch.randn(8192, 8192, device=DEV)
+    b = torch.randn(8192, 8192, device=DEV)
+    c = torch.empty_like(a)
+    calls = 0
+
+    def two_matmuls() -> None:  # float32, no TF32: ~45 ms on an H200
+        nonlocal calls
+        calls += 1
+        torch.mm(a, b, out=c)
+        torch.mm(c, b, out=c)
+
+    t = time_call(two_matmuls, DEV, TimingPolicy(warmup=2, min_reps=5))
+    assert t.mode == "events" and "long call" in (t.graph_fallback or ""), t
+    # one warm-up, two wall calls, the repetitions
+    assert calls <= 1 + 2 + t.n, (calls, t.n)
+    prof = _profiler_ms(two_matmuls, reps=5)
+    assert abs(t.median_ms - prof) / prof < 0.03, (t.median_ms, prof)
+
+
+def test_a_failed_capture_leaves_no_memory_behind() -> None:
+    """A capture that fails (an explicit synchronise inside) hands its pool back: the cases
+    timed after it give their memory back as before (without that, the default pool grew by
+    GiBs over these cases and empty_cache could not free it)."""
+    from kassay.validate import timing
+    from kassay.validate.spec import TimingPolicy
+
+    x = torch.randn(1 << 10, device=DEV)
+
+    def explicit_sync() -> None:
+        x.mul_(1.0)
+        torch.cuda.current_stream().synchronize()
+
+    ended = timing.pools_ended
+    graph, why = timing._capture(explicit_sync, DEV, reps=1, flush=None)
+    assert graph is None and why, why
+    assert timing.pools_ended == ended + 1
+    policy = TimingPolicy(warmup=1, min_reps=3, max_reps=20, budget_s=0.2)
+
+    def case(n: int) -> None:
+        a = torch.randn(n, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
+
+        def fwd_bwd() -> None:
+            (a @ w).float().square().mean().backward()
+
+        timing.time_call(fwd_bwd, DEV, policy)
+
+    case(8192)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_reserved()
+    for n in (16384, 32768, 65536):
+        case(n)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    grown = torch.cuda.memory_reserved() - base
+    assert grown < 256 << 20, f"{grown / 2**20:.0f} MiB still reserved after the cases ended"
