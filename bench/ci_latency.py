@@ -35,7 +35,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--log", default=None, help="copy kassay serve's log here at the end")
     ap.add_argument(
-        "--cache-gib", type=float, default=48.0, help="the worker's reference cache (host RAM)"
+        "--cache-gib",
+        type=float,
+        default=80.0,
+        help="the worker's reference cache (host RAM; the grid's inputs and references: ~68 GB)",
     )
     args = ap.parse_args()
     from kassay_client import Client
@@ -104,6 +107,19 @@ def main() -> None:
                     for c in report.cases
                     if c.status not in ("passed", "unsupported")
                 ]
+                # where a repeated job's time goes: each case's duration, and the device time
+                # of its timed repetitions alone (the policy's floor for that case)
+                per_case = [
+                    {
+                        "case": f"{c.op}.{c.impl} {c.case_id}",
+                        "duration_s": round(c.duration_s or 0.0, 3),
+                        "reps": (c.timing or {}).get("n", 0),
+                        "median_ms": (c.timing or {}).get("median_ms"),
+                        "mode": (c.timing or {}).get("mode"),
+                    }
+                    for c in report.cases
+                ]
+                reps_s = sum(c["reps"] * (c["median_ms"] or 0.0) / 1e3 for c in per_case)
                 runs.append(
                     {
                         "run": i + 1,
@@ -115,9 +131,16 @@ def main() -> None:
                         "statuses": statuses,
                         "reference_cache": note,
                         "not_passed": not_passed,
+                        "cases_duration_s": round(sum(c["duration_s"] for c in per_case), 2),
+                        "timed_repetitions_s": round(reps_s, 2),
+                        "per_case": per_case,
                     }
                 )
-                print(f"run {i + 1}: {wall:.1f} s, {len(report.cases)} cases, ok={done.ok}; {note}")
+                print(
+                    f"run {i + 1}: {wall:.1f} s, {len(report.cases)} cases, ok={done.ok}; {note}; "
+                    f"case durations {runs[-1]['cases_duration_s']} s, of which the timed "
+                    f"repetitions' device time {runs[-1]['timed_repetitions_s']} s"
+                )
     finally:
         serve.terminate()
         try:

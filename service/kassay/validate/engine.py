@@ -101,8 +101,10 @@ def _poison_allocator(device: torch.device, nbytes: int) -> None:
 class _Run:
     """Outputs, wall time and memory of one call of an impl."""
 
-    def __init__(self, outputs: Tensors | None, error: str | None, peak: int | None) -> None:
-        self.outputs, self.error, self.peak = outputs, error, peak
+    def __init__(
+        self, outputs: Tensors | None, error: str | None, peak: int | None, ms: float = 0.0
+    ) -> None:
+        self.outputs, self.error, self.peak, self.ms = outputs, error, peak, ms
 
 
 def _call(
@@ -114,6 +116,7 @@ def _call(
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
+    t0 = time.perf_counter()
     try:
         outs = impl.run(inputs, params)
         _sync(device)
@@ -124,7 +127,7 @@ def _call(
     peak = None
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - before
-    return _Run(outs, None, peak)
+    return _Run(outs, None, peak, (time.perf_counter() - t0) * 1e3)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -474,7 +477,11 @@ class GroupRunner:
 
             try:
                 timing = time_call(
-                    timed, self.device, self.group.timing, capture_key=f"{self.op.name}/{impl.name}"
+                    timed,
+                    self.device,
+                    self.group.timing,
+                    capture_key=f"{self.op.name}/{impl.name}",
+                    ran_ms=run.ms,
                 )
                 _throughput(timing, self.op, self.params, self.ceilings)
                 if is_baseline:
