@@ -84,27 +84,48 @@ def test_a_repeated_group_reuses_its_reference() -> None:
     assert "references reused for 1 of 2 input groups" in reports.render(report, "markdown")
 
 
-def test_the_cache_keeps_pristine_copies_within_its_cap() -> None:
-    cache = ReferenceCache(cap_bytes=2 * 4 * 10)  # room for two entries of 10 floats
+def test_the_cache_keeps_references_of_matching_inputs_within_its_cap() -> None:
+    cache = ReferenceCache(cap_bytes=2 * 4 * 5)  # room for two references of 5 floats
+    made: list[float] = []
 
-    def make(v: float):
-        return lambda: ({"x": torch.full((5,), v)}, {"y": torch.full((5,), -v)})
+    def inputs(v: float):
+        return lambda: {"x": torch.full((5,), v)}
 
-    inputs, _, hit = cache.get_or_make("a", CPU, make(1.0))
-    assert not hit
-    inputs["x"].fill_(99.0)  # an impl scribbling on its inputs
-    again, ref2, hit = cache.get_or_make("a", CPU, make(7.0))
-    assert hit and again["x"].tolist() == [1.0] * 5 and ref2["y"].tolist() == [-1.0] * 5
-    cache.get_or_make("b", CPU, make(2.0))
-    cache.get_or_make("c", CPU, make(3.0))  # full, nothing idle long enough: "c" is not kept
+    def ref(ins):
+        made.append(float(ins["x"][0]))
+        return {"y": -ins["x"]}
+
+    first, r1, hit = cache.get_or_make("a", CPU, inputs(1.0), ref)
+    assert not hit and r1["y"].tolist() == [-1.0] * 5
+    first["x"].fill_(99.0)  # an impl scribbling on its inputs: the next case's are made afresh
+    r1["y"].fill_(5.0)  # ...or on the reference it was handed: the cache holds its own copy
+    again, r2, hit = cache.get_or_make("a", CPU, inputs(1.0), ref)
+    assert hit and again["x"].tolist() == [1.0] * 5 and r2["y"].tolist() == [-1.0] * 5
+    assert made == [1.0]
+    # the same key, inputs that came out different: the reference is made again for them
+    _, r3, hit = cache.get_or_make("a", CPU, inputs(7.0), ref)
+    assert not hit and r3["y"].tolist() == [-7.0] * 5 and made == [1.0, 7.0]
+    assert cache.get_or_make("a", CPU, inputs(7.0), ref)[2]
+    cache.get_or_make("b", CPU, inputs(2.0), ref)
+    cache.get_or_make("c", CPU, inputs(3.0), ref)  # full, nothing idle long enough: not kept
     assert cache.held_bytes <= cache.cap_bytes
-    assert cache.get_or_make("a", CPU, make(1.0))[2] and cache.get_or_make("b", CPU, make(2.0))[2]
-    assert not cache.get_or_make("c", CPU, make(3.0))[2]
+    assert cache.get_or_make("a", CPU, inputs(7.0), ref)[2]
+    assert cache.get_or_make("b", CPU, inputs(2.0), ref)[2]
+    assert not cache.get_or_make("c", CPU, inputs(3.0), ref)[2]
     cache._used["a"] -= 10_000  # "a" idle past IDLE_EVICT_S: it makes room for "c"
-    cache.get_or_make("c", CPU, make(3.0))
-    assert (
-        cache.get_or_make("c", CPU, make(3.0))[2] and not cache.get_or_make("a", CPU, make(1.0))[2]
-    )
+    cache.get_or_make("c", CPU, inputs(3.0), ref)
+    assert cache.get_or_make("c", CPU, inputs(3.0), ref)[2]
+    assert not cache.get_or_make("a", CPU, inputs(7.0), ref)[2]
     off = ReferenceCache(cap_bytes=0)
-    off.get_or_make("a", CPU, make(1.0))
-    assert not off.get_or_make("a", CPU, make(1.0))[2] and off.held_bytes == 0
+    off.get_or_make("a", CPU, inputs(1.0), ref)
+    assert not off.get_or_make("a", CPU, inputs(1.0), ref)[2] and off.held_bytes == 0
+
+
+def test_inputs_with_nan_still_hit() -> None:
+    cache = ReferenceCache(cap_bytes=1 << 20)
+
+    def inputs():
+        return {"x": torch.tensor([1.0, float("nan"), float("-inf")])}
+
+    cache.get_or_make("n", CPU, inputs, lambda ins: {"y": ins["x"].double()})
+    assert cache.get_or_make("n", CPU, inputs, lambda ins: {"y": ins["x"].double()})[2]

@@ -355,7 +355,8 @@ class GroupRunner:
         self.inputs, self.ref, hit = cache.get_or_make(
             cache.key(group.op, group.params, group.regime, group.seed, device),
             device,
-            lambda: self._make_reference(group, device),
+            lambda: self.op.make_inputs(self.params, group.regime, group.seed, device),
+            self._make_reference,
         )
         self.env = Environment.model_validate(
             {**self.env.model_dump(), "reference_cache": "hit" if hit else "miss"}
@@ -366,15 +367,12 @@ class GroupRunner:
         self.base_median: float | None = None
         self.poison = 2 * self.op.unavoidable_bytes(self.params)
 
-    def _make_reference(
-        self, group: GroupSpec, device: torch.device
-    ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        inputs = self.op.make_inputs(self.params, group.regime, group.seed, device)
+    def _make_reference(self, inputs: Tensors) -> Tensors:
         ref, noise = self.op.reference_noise(inputs, self.params)
         # kept with the reference (and in its cache) under names no output can have
         for name, sigma in noise.items():
             ref[NOISE_KEY + name] = torch.tensor(sigma, dtype=torch.float64)
-        return inputs, ref
+        return ref
 
     def _floor(self, spec: OutputSpec) -> Floor:
         ref = self.ref[spec.name]

@@ -1,12 +1,16 @@
-"""A host-memory cache of input groups' inputs and float64 references.
+"""A host-memory cache of input groups' float64 references.
 
 The references of a CI grid are the same on every commit: computing them again costs most of a
 repeated job's time (a float64 FLCE reference at N=8192 H=4096 V=128256 takes 0.64 s and 12.8
 GiB on an H200). A worker keeps them, keyed by everything that determines them — op, canonical
 params, regime, seed, device kind and kassay version — as host copies taken before any impl
-touches the inputs (so an impl that scribbles on its inputs cannot poison the cache), least
-recently used first out, within `KASSAY_REFERENCE_CACHE_BYTES` (0 turns the cache off). A hit
-copies the tensors back to the device.
+runs, least recently used first out, within `KASSAY_REFERENCE_CACHE_BYTES` (0 turns the cache
+off). The inputs are not kept: the op's seeded generator makes them again on the device in
+milliseconds, where copying them back from host memory cost seconds per grid (a 56-case CI grid
+held 68 GB of inputs and references; its repeated run spent ~6 s on host-to-device copies). A
+fingerprint of the inputs (each tensor's shape, dtype, sum and sum of squares) is kept with the
+reference, and a hit needs the regenerated inputs to match it: inputs that came out different
+(a generator that is not deterministic on this device) make the reference again.
 
 Eviction: a CI grid is a sequential scan, and a scan larger than the cache gets no hit at all
 under plain LRU (every entry is evicted just before its turn comes again). So an entry makes
@@ -50,15 +54,45 @@ def device_kind(device: torch.device) -> str:
     return device.type
 
 
+def fingerprint(ts: Tensors) -> list[list[object]]:
+    """Per tensor (by name): name, shape, dtype, and float64 sum and sum of squares of the
+    values (NaN and Inf included as they are); one host read."""
+    names = sorted(ts)
+    if not names:
+        return []
+    sums = torch.stack(
+        [
+            torch.stack([ts[k].detach().double().sum(), ts[k].detach().double().square().sum()])
+            for k in names
+        ]
+    ).tolist()
+    return [
+        [k, list(ts[k].shape), str(ts[k].dtype), *pair] for k, pair in zip(names, sums, strict=True)
+    ]
+
+
+def _same(a: list[list[object]], b: list[list[object]]) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x[:3] != y[:3]:
+            return False
+        for u, v in zip(x[3:], y[3:], strict=True):
+            # NaN sums (inputs with NaN on purpose) match each other
+            if u != v and not (u != u and v != v):
+                return False
+    return True
+
+
 class ReferenceCache:
-    """LRU of (inputs, reference) host copies; thread-safe."""
+    """LRU of float64 references (host copies) with their inputs' fingerprints; thread-safe."""
 
     def __init__(self, cap_bytes: int) -> None:
         self.cap_bytes = cap_bytes
         self.held_bytes = 0
         self.hits = 0
         self.misses = 0
-        self._entries: OrderedDict[str, tuple[Tensors, Tensors, int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[list[list[object]], Tensors, int]] = OrderedDict()
         self._used: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -74,33 +108,40 @@ class ReferenceCache:
         self,
         key: str,
         device: torch.device,
-        make: Callable[[], tuple[Tensors, Tensors]],
+        make_inputs: Callable[[], Tensors],
+        make_ref: Callable[[Tensors], Tensors],
     ) -> tuple[Tensors, Tensors, bool]:
-        """(inputs, reference, hit): from the cache when present, else made and kept."""
+        """(inputs, reference, hit): the inputs made afresh, the reference from the cache when
+        it holds one for inputs like these, else made (from pristine inputs) and kept."""
+        inputs = make_inputs()
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
+        fp = fingerprint(inputs) if entry is not None or self.cap_bytes > 0 else []
+        if entry is not None and _same(entry[0], fp):
+            with self._lock:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
                 self._used[key] = time.monotonic()
                 self.hits += 1
-        if entry is not None:
-            return _device(entry[0], device), _device(entry[1], device), True
-        inputs, ref = make()
+            return inputs, _device(entry[1], device), True
+        ref = make_ref(inputs)
         with self._lock:
             self.misses += 1
-        size = _nbytes(inputs) + _nbytes(ref)
+        size = _nbytes(ref)
         if 0 < size <= self.cap_bytes:
             with self._lock:
                 now = time.monotonic()
+                if key in self._entries:  # a stale entry (inputs changed): replaced
+                    self.held_bytes -= self._entries.pop(key)[2]
                 for old in list(self._entries):  # least recently used first
                     if self.held_bytes + size <= self.cap_bytes:
                         break
                     if now - self._used.get(old, 0.0) > IDLE_EVICT_S:
                         self.held_bytes -= self._entries.pop(old)[2]
                         self._used.pop(old, None)
-                fits = self.held_bytes + size <= self.cap_bytes and key not in self._entries
+                fits = self.held_bytes + size <= self.cap_bytes
             if fits:
-                host = (_host(inputs), _host(ref), size)
+                host = (fp, _host(ref), size)
                 with self._lock:
                     if key not in self._entries and self.held_bytes + size <= self.cap_bytes:
                         self._entries[key] = host
