@@ -11,6 +11,9 @@ Two figures per case, both labelled:
   is replayed from a CUDA graph instead (mode `graph`), captured several times into one graph
   for short calls with a graph of the flushes alone subtracted (no graph-launch latency counted
   either). time_call measures both and picks; why a case was not timed as a graph is recorded.
+  A long call (at least _LONG_MS of wall time) that the host enqueues in under half its time
+  keeps the device busy by itself: it is timed as direct calls without a capture, after one
+  warm-up (none when the engine's own run of it came just before) and two wall calls.
 - **wall** time: one call from the host's point of view (launches + device + a synchronise),
   median of a few calls: `host_overhead_ms` = wall - device shows a slow wrapper as such.
 
