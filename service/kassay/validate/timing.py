@@ -256,6 +256,7 @@ def _device_times(
     flush: bool,
     per_call: int = 1,
     baseline: Callable[[], object] | None = None,
+    lead: bool = True,
 ) -> list[float]:
     """Per-call device times (ms). Repetitions are enqueued in batches with the host synced
     once per batch; each is bracketed by CUDA events (the flush, when asked, enqueued before
@@ -268,7 +269,8 @@ def _device_times(
     while not _enough(times, policy, t_end, robust=True):
         n = _batch_size(estimate_ms * per_call, policy, len(times))
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(4 * n)]
-        _lead(device)
+        if lead:
+            _lead(device)
         for i in range(n):
             if buf is not None:
                 _flush(buf)
@@ -340,7 +342,11 @@ _HOST_AHEAD = 0.5
 
 def _quick(call: Callable[[], object], device: torch.device, flush: bool) -> float:
     return statistics.median(
-        _device_times(call, device, TimingPolicy(min_reps=5, max_reps=5), 1.0, flush=flush)
+        # no lead: a few calls enqueued behind it would hide a host that cannot keep up, and
+        # this estimate is what tells direct calls from a graph
+        _device_times(
+            call, device, TimingPolicy(min_reps=5, max_reps=5), 1.0, flush=flush, lead=False
+        )
     )
 
 
