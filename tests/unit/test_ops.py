@@ -181,6 +181,20 @@ def test_models_count_bytes_and_flops() -> None:
     op = get_op("lse_merge")
     p = op.parse_params({"T": 32768, "Hh": 32, "D": 128, "K": 2, "dtype": "bfloat16"})
     assert op.bytes_moved(p) == 3 * 32768 * 32 * 128 * 2 + 3 * 32768 * 32 * 4
+    # the step modes count the harness's sequence: state 0 into the accumulator, K-1 updates
+    e, r = 32768 * 32 * 128, 32768 * 32
+    state = e * 2 + 4 * r
+    step = op.parse_params({**p.model_dump(), "mode": "step"})  # accumulate float32
+    init = 2 * state + e * 2 + 4 * e
+    assert op.bytes_moved(step) == init + state + 8 * r + 8 * e + 2 * e
+    k8 = op.parse_params({**step.model_dump(), "K": 8})
+    assert op.bytes_moved(k8) == init + 7 * (state + 8 * r + 8 * e + 2 * e)
+    in_out = op.parse_params({**step.model_dump(), "accumulate": "out"})
+    assert op.bytes_moved(in_out) == 2 * state + state + 8 * r + 2 * 2 * e
+    half = op.parse_params({**step.model_dump(), "mode": "step_second_half"})
+    assert op.bytes_moved(half) == init + 0.5 * (state + 8 * r + 8 * e + 2 * e)
+    # kassay's K=2 step on the H200 (0.903 ms, kassay run 2026-12-04): 3.3 TB/s, not 0.9
+    assert 3.2e12 < op.bytes_moved(step) / 0.903e-3 < 3.4e12
     f = get_op("flce")
     q = f.parse_params({"N": 8192, "H": 4096, "V": 128256})
     assert f.flops(q) == 6 * 8192 * 4096 * 128256
