@@ -38,7 +38,7 @@ def main() -> None:
         "--cache-gib",
         type=float,
         default=80.0,
-        help="the worker's reference cache (host RAM; the grid's inputs and references: ~68 GB)",
+        help="the worker's reference cache (host RAM; the grid's references need well under it)",
     )
     args = ap.parse_args()
     from kassay_client import Client

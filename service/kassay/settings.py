@@ -34,8 +34,8 @@ class Settings(BaseSettings):
     reference_cache_bytes: int = Field(
         8 * 2**30,
         ge=0,
-        description="host memory a worker may keep float64 references and inputs in, so a "
-        "repeated job pays only for its impls (0: off)",
+        description="host memory a worker may keep float64 references in (inputs are made "
+        "again from their seed), so a repeated job pays only for its impls (0: off)",
     )
     worker_metrics_listen: str | None = Field(
         None,

@@ -6,9 +6,10 @@ GiB on an H200). A worker keeps them, keyed by everything that determines them â
 params, regime, seed, device kind and kassay version â€” as host copies taken before any impl
 runs, least recently used first out, within `KASSAY_REFERENCE_CACHE_BYTES` (0 turns the cache
 off). The inputs are not kept: the op's seeded generator makes them again on the device in
-milliseconds, where copying them back from host memory cost seconds per grid (a 56-case CI grid
-held 68 GB of inputs and references; its repeated run spent ~6 s on host-to-device copies). A
-fingerprint of the inputs (each tensor's shape, dtype, sum and sum of squares) is kept with the
+milliseconds, and copying them to and from host memory is not free (the 56-case CI grid of
+bench/ci_latency.py held ~68 GB of inputs and references; keeping references only took its first
+run on the H200 from 87.9 to 77.3 s, its repeated run unchanged within noise), and the cache
+holds more groups in the same bytes. A fingerprint of the inputs (each tensor's shape, dtype, sum and sum of squares) is kept with the
 reference, and a hit needs the regenerated inputs to match it: inputs that came out different
 (a generator that is not deterministic on this device) make the reference again.
 
