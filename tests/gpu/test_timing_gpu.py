@@ -142,6 +142,14 @@ def test_timing_many_cases_leaves_no_memory_behind() -> None:
     """Each case's tensors are freed when it ends: timing it (CUDA-graph captures included) must
     not leave memory the caching allocator cannot give back. Before the fix an executor's
     reserved memory grew by GiBs a group over a CI grid, until groups ran out of memory."""
+    grown = _reserved_growth((16384, 32768, 8192, 65536, 16384, 32768))
+    assert grown < 256 << 20, f"{grown / 2**20:.0f} MiB still reserved after the cases ended"
+
+
+def _reserved_growth(sizes: tuple[int, ...]) -> int:
+    """Bytes still reserved (after empty_cache) once bf16 forward+backward cases of these row
+    counts were timed, over what the first case (workspaces, flush buffer, capture stream)
+    left."""
     from kassay.validate.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
@@ -156,16 +164,15 @@ def test_timing_many_cases_leaves_no_memory_behind() -> None:
 
         time_call(fwd_bwd, DEV, policy)
 
-    case(8192)  # first use: workspaces, flush buffer, capture stream
+    case(8192)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_reserved()
-    for n in (16384, 32768, 8192, 65536, 16384, 32768):
+    for n in sizes:
         case(n)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    grown = torch.cuda.memory_reserved() - base
-    assert grown < 256 << 20, f"{grown / 2**20:.0f} MiB still reserved after the cases ended"
+    return torch.cuda.memory_reserved() - base
 
 
 def test_a_failed_capture_is_not_tried_again_for_the_same_impl() -> None:
@@ -222,7 +229,6 @@ def test_a_failed_capture_leaves_no_memory_behind() -> None:
     timed after it give their memory back as before (without that, the default pool grew by
     GiBs over these cases and empty_cache could not free it)."""
     from kassay.validate import timing
-    from kassay.validate.spec import TimingPolicy
 
     x = torch.randn(1 << 10, device=DEV)
 
@@ -234,24 +240,5 @@ def test_a_failed_capture_leaves_no_memory_behind() -> None:
     graph, why = timing._capture(explicit_sync, DEV, reps=1, flush=None)
     assert graph is None and why, why
     assert timing.pools_ended == ended + 1
-    policy = TimingPolicy(warmup=1, min_reps=3, max_reps=20, budget_s=0.2)
-
-    def case(n: int) -> None:
-        a = torch.randn(n, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-        w = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16, requires_grad=True)
-
-        def fwd_bwd() -> None:
-            (a @ w).float().square().mean().backward()
-
-        timing.time_call(fwd_bwd, DEV, policy)
-
-    case(8192)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_reserved()
-    for n in (16384, 32768, 65536):
-        case(n)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    grown = torch.cuda.memory_reserved() - base
+    grown = _reserved_growth((16384, 32768, 65536))
     assert grown < 256 << 20, f"{grown / 2**20:.0f} MiB still reserved after the cases ended"

@@ -84,12 +84,12 @@ def test_noise_only_for_a_scalar_loss_of_16_bit_logits() -> None:
     assert set(OP.reference(inputs, p)) == set(OP.reference_noise(inputs, p)[0])
 
 
-def _run(seed: int, impls: list[str]) -> dict:
+def _run(seed: int, impls: list[str], params: dict | None = None) -> dict:
     load(testing=True)
     g = GroupSpec(
         group_id="t",
         op="flce",
-        params={**CASE, "dtype": "float16"},
+        params=params if params is not None else {**CASE, "dtype": "float16"},
         regime="normal",
         seed=seed,
         impls=impls,
@@ -196,22 +196,6 @@ def test_scale_noise_only_for_16_bit_reduction_none() -> None:
         assert ("scale:grad_weight" in noise) is has, over
 
 
-def _run_rows(seed: int, impls: list[str]) -> dict:
-    load(testing=True)
-    g = GroupSpec(
-        group_id="t",
-        op="flce",
-        params=ROWS,
-        regime="normal",
-        seed=seed,
-        impls=impls,
-        baseline="torch",
-        timing=TimingPolicy(enabled=False),
-    )
-    cases = run_group(g, device="cpu", include_testing=True, ceilings=False)
-    return {c.impl: c for c in cases}
-
-
 def test_a_row_rounding_impl_passes_and_a_scaled_gradient_fails(monkeypatch) -> None:
     register(
         Impl("flce", "t_go_rounded", flce_harness.as_run(_go_rounded), kind="testing"), replace=True
@@ -221,7 +205,7 @@ def test_a_row_rounding_impl_passes_and_a_scaled_gradient_fails(monkeypatch) -> 
     )
     seeds = range(12)
     for seed in seeds:
-        res = _run_rows(seed, ["torch", "t_go_rounded", "t_grads_high"])
+        res = _run(seed, ["torch", "t_go_rounded", "t_grads_high"], ROWS)
         ok = res["t_go_rounded"]
         assert ok.status == "passed", (seed, ok.message)
         high = res["t_grads_high"]
@@ -232,6 +216,6 @@ def test_a_row_rounding_impl_passes_and_a_scaled_gradient_fails(monkeypatch) -> 
     flagged = [
         s
         for s in seeds
-        if _run_rows(s, ["torch", "t_go_rounded"])["t_go_rounded"].status != "passed"
+        if _run(s, ["torch", "t_go_rounded"], ROWS)["t_go_rounded"].status != "passed"
     ]
     assert flagged, "the row-rounding impl passed every seed without the scale noise"

@@ -82,25 +82,21 @@ def _quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _rel_sem(times_ms: list[float]) -> float:
+def _rel_sem(times_ms: list[float], *, robust: bool = False) -> float:
+    """The standard error of the median (1.2533 sigma / sqrt(n)) over the median. robust: sigma
+    taken as 1.4826 x the median absolute deviation (the standard deviation for normal data),
+    so one outlier repetition cannot hold the loop open: on the H200 the first repetition of a
+    loop of 2-4 ms memory-bound calls came out 2-5x the others (the device idle while the host
+    enqueued it), which alone kept the std-based figure above 1% and ran those cases to
+    max_reps."""
     if len(times_ms) < 2:
         return math.inf
     med = statistics.median(times_ms)
-    sem = 1.2533 * statistics.stdev(times_ms) / math.sqrt(len(times_ms))
-    return sem / med if med > 0 else 0.0
-
-
-def _rel_sem_robust(times_ms: list[float]) -> float:
-    """_rel_sem with the spread taken as 1.4826 x the median absolute deviation (the standard
-    deviation for normal data), so one outlier repetition cannot hold the loop open: on the
-    H200 the first repetition of a loop of 2-4 ms memory-bound calls came out 2-5x the others
-    (the device idle while the host enqueued it), which alone kept std-based rel_sem above 1%
-    and ran those cases to max_reps."""
-    if len(times_ms) < 2:
-        return math.inf
-    med = statistics.median(times_ms)
-    mad = statistics.median(abs(t - med) for t in times_ms)
-    sem = 1.2533 * 1.4826 * mad / math.sqrt(len(times_ms))
+    if robust:
+        sigma = 1.4826 * statistics.median(abs(t - med) for t in times_ms)
+    else:
+        sigma = statistics.stdev(times_ms)
+    sem = 1.2533 * sigma / math.sqrt(len(times_ms))
     return sem / med if med > 0 else 0.0
 
 
@@ -130,8 +126,7 @@ def _enough(
         return True
     if len(times) < policy.min_reps:
         return False
-    sem = _rel_sem_robust(times) if robust else _rel_sem(times)
-    return sem <= policy.target_rel_sem or time.perf_counter() > t_end
+    return _rel_sem(times, robust=robust) <= policy.target_rel_sem or time.perf_counter() > t_end
 
 
 def _batch_size(estimate_ms: float, policy: TimingPolicy, done: int) -> int:

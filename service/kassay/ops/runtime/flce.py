@@ -173,7 +173,9 @@ def reference(
     p = params
     compute = p.autocast if p.autocast != "none" else p.dtype
     half16 = _HALF_ULP.get(compute) if noise is not None else None
+    # the scalar loss's noise (mean, sum) or the gradients' scale noise (none): one or the other
     half_ulp = half16 if p.reduction != "none" else None
+    scale_ulp = half16 if p.reduction == "none" else None
     x, w, target = inputs["x"], inputs["weight"], inputs["target"]
     bias = inputs.get("bias")
     cw = inputs["ce_weight"].double() if p.ce_weight else None
@@ -182,11 +184,7 @@ def reference(
     noise_sq = torch.zeros((), dtype=torch.float64, device=dev)  # one host read, at the end
     # reduction none: per-row weights of the gradients' scale noise, sums of w and w^2 for
     # grad_input, grad_weight, grad_bias (see the docstring); one host read, at the end
-    scale_w = (
-        torch.zeros(3, 2, dtype=torch.float64, device=dev)
-        if half16 is not None and half_ulp is None
-        else None
-    )
+    scale_w = torch.zeros(3, 2, dtype=torch.float64, device=dev) if scale_ulp else None
     w64 = w.double()
     b64 = bias.double() if bias is not None else None
     valid = target != p.ignore_index
@@ -311,11 +309,11 @@ def reference(
         scale = float(go.reshape(-1)[0]) if go.numel() else 0.0  # dz carries grad_output
         if scale != 0.0:
             noise["loss"] = math.sqrt(float(noise_sq) / 3.0) * half_ulp / abs(scale)
-    if scale_w is not None and noise is not None and half16 is not None:
-        names = ("grad_input", "grad_weight", "grad_bias" if grad_b is not None else "")
-        for name, (sw, sw2) in zip(names, scale_w.tolist(), strict=True):
-            if name and sw > 0:
-                noise[SCALE_NOISE + name] = half16 / math.sqrt(3.0) * math.sqrt(sw2) / sw
+    if scale_w is not None and scale_ulp is not None and noise is not None:
+        names = ("grad_input", "grad_weight", "grad_bias")[: 3 if grad_b is not None else 2]
+        for name, (sw, sw2) in zip(names, scale_w.tolist(), strict=False):
+            if sw > 0:
+                noise[SCALE_NOISE + name] = scale_ulp / math.sqrt(3.0) * math.sqrt(sw2) / sw
     if p.return_z_loss:
         out["z_loss"] = reduce(row_z)
     if p.return_token_accuracy:
