@@ -39,7 +39,7 @@ def test_cpu_timing_times_the_host_calibration_after_every_repetition() -> None:
 
 
 def test_batches_cover_min_reps_and_stop_at_max_reps() -> None:
-    p = TimingPolicy(min_reps=20, max_reps=30)
+    p = TimingPolicy(min_reps=20, max_reps=30, min_reps_time_s=0)
     assert _batch_size(1000.0, p, 0) == 20  # a slow call still gets its minimum in one go
     assert _batch_size(0.001, p, 25) == 5  # a fast one fills the batch, up to max_reps
     assert _batch_size(0.001, TimingPolicy(max_reps=100_000), 0) == 50_000
@@ -145,3 +145,40 @@ def test_one_outlier_repetition_does_not_hold_the_device_loop_open() -> None:
     # a spread that is real (every repetition differs) still keeps it open
     spread = [2.0 + 0.5 * (i % 2) for i in range(14)]
     assert not _enough(spread, policy, far, robust=True)
+
+
+def test_a_slow_call_meets_min_reps_by_time_with_three_repetitions() -> None:
+    """min_reps_time_s: three repetitions of a 0.5 s call (a float32 flce at N=8192) meet
+    min_reps=5 when their statistics are good; two never do, a spread keeps the loop going, and
+    0 turns the rule off. Calls too short to add up to the time still need min_reps."""
+    from kassay.validate.spec import TimingPolicy
+    from kassay.validate.timing import _enough
+
+    far = float("inf")
+    policy = TimingPolicy(min_reps=5, max_reps=100, target_rel_sem=0.01)
+    assert policy.min_reps_time_s == 1.0
+    slow = [500.0, 500.4, 499.8]
+    assert _enough(slow, policy, far, robust=True)
+    assert not _enough(slow[:2], policy, far, robust=True)
+    assert not _enough([500.0, 560.0, 440.0], policy, far, robust=True)
+    assert not _enough(slow, policy.model_copy(update={"min_reps_time_s": 0}), far, robust=True)
+    assert not _enough([20.0, 20.01, 19.99, 20.0], policy, far, robust=True)  # 80 ms in all
+    # the batch asks for what the time rule needs: 3 of 0.5 s, 4 of 0.25 s, min_reps of 20 ms
+    assert _batch_size(500.0, policy, 0) == 3
+    assert _batch_size(250.0, policy, 0) == 4
+    assert _batch_size(20.0, policy, 0) == 5
+    assert _batch_size(500.0, policy, 3) == 1  # one more when the three disagreed
+
+
+def test_a_slow_call_on_the_cpu_stops_after_three_repetitions() -> None:
+    """The same rule on the CPU clock: a 0.4 s call, timed with min_reps=5, takes three."""
+    import time
+
+    from kassay.validate.spec import TimingPolicy
+
+    t = time_call(
+        lambda: time.sleep(0.4),
+        CPU,
+        TimingPolicy(warmup=0, min_reps=5, max_reps=10, target_rel_sem=0.05, cpu_calibration=False),
+    )
+    assert t.n == 3 and 390 < t.median_ms < 600

@@ -379,6 +379,7 @@ class TimingPolicy(_message.Message):
     CUDA_GRAPH_FIELD_NUMBER: _builtins.int
     CPU_CLOCK_FIELD_NUMBER: _builtins.int
     CPU_CALIBRATION_FIELD_NUMBER: _builtins.int
+    MIN_REPS_TIME_S_FIELD_NUMBER: _builtins.int
     enabled: _builtins.bool
     warmup: _builtins.int
     min_reps: _builtins.int
@@ -393,6 +394,8 @@ class TimingPolicy(_message.Message):
     """wall | process (default wall)"""
     cpu_calibration: _builtins.bool
     """CPU: time the host calibration per repetition (default true)"""
+    min_reps_time_s: _builtins.float
+    """min_reps met early by >= 3 repetitions this long in all (default 1.0; 0: off)"""
     def __init__(
         self,
         *,
@@ -406,10 +409,11 @@ class TimingPolicy(_message.Message):
         cuda_graph: _builtins.bool | None = ...,
         cpu_clock: _builtins.str | None = ...,
         cpu_calibration: _builtins.bool | None = ...,
+        min_reps_time_s: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_calibration", b"_cpu_calibration", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_calibration", b"cpu_calibration", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_calibration", b"_cpu_calibration", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_min_reps_time_s", b"_min_reps_time_s", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_calibration", b"cpu_calibration", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "min_reps_time_s", b"min_reps_time_s", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_calibration", b"_cpu_calibration", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_calibration", b"cpu_calibration", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s", "_cpu_calibration", b"_cpu_calibration", "_cpu_clock", b"_cpu_clock", "_cuda_graph", b"_cuda_graph", "_enabled", b"_enabled", "_flush_l2", b"_flush_l2", "_max_reps", b"_max_reps", "_min_reps", b"_min_reps", "_min_reps_time_s", b"_min_reps_time_s", "_target_rel_sem", b"_target_rel_sem", "_warmup", b"_warmup", "budget_s", b"budget_s", "cpu_calibration", b"cpu_calibration", "cpu_clock", b"cpu_clock", "cuda_graph", b"cuda_graph", "enabled", b"enabled", "flush_l2", b"flush_l2", "max_reps", b"max_reps", "min_reps", b"min_reps", "min_reps_time_s", b"min_reps_time_s", "target_rel_sem", b"target_rel_sem", "warmup", b"warmup"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__budget_s: _TypeAlias = _typing.Literal["budget_s"]  # noqa: Y015
     _WhichOneofArgType__budget_s: _TypeAlias = _typing.Literal["_budget_s", b"_budget_s"]  # noqa: Y015
@@ -427,6 +431,8 @@ class TimingPolicy(_message.Message):
     _WhichOneofArgType__max_reps: _TypeAlias = _typing.Literal["_max_reps", b"_max_reps"]  # noqa: Y015
     _WhichOneofReturnType__min_reps: _TypeAlias = _typing.Literal["min_reps"]  # noqa: Y015
     _WhichOneofArgType__min_reps: _TypeAlias = _typing.Literal["_min_reps", b"_min_reps"]  # noqa: Y015
+    _WhichOneofReturnType__min_reps_time_s: _TypeAlias = _typing.Literal["min_reps_time_s"]  # noqa: Y015
+    _WhichOneofArgType__min_reps_time_s: _TypeAlias = _typing.Literal["_min_reps_time_s", b"_min_reps_time_s"]  # noqa: Y015
     _WhichOneofReturnType__target_rel_sem: _TypeAlias = _typing.Literal["target_rel_sem"]  # noqa: Y015
     _WhichOneofArgType__target_rel_sem: _TypeAlias = _typing.Literal["_target_rel_sem", b"_target_rel_sem"]  # noqa: Y015
     _WhichOneofReturnType__warmup: _TypeAlias = _typing.Literal["warmup"]  # noqa: Y015
@@ -447,6 +453,8 @@ class TimingPolicy(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_reps) -> _WhichOneofReturnType__max_reps | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__min_reps) -> _WhichOneofReturnType__min_reps | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__min_reps_time_s) -> _WhichOneofReturnType__min_reps_time_s | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__target_rel_sem) -> _WhichOneofReturnType__target_rel_sem | None: ...
     @_typing.overload

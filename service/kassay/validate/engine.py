@@ -23,6 +23,7 @@ and message: the engine never dies because an impl did.
 from __future__ import annotations
 
 import logging
+import math
 import time
 import traceback
 from collections.abc import Callable
@@ -66,6 +67,10 @@ Tensors = dict[str, torch.Tensor]
 EXPLAINED = "baseline explained by its precision"
 #: the reference dict's key prefix for an output's rounding noise (Op.reference_noise)
 NOISE_KEY = "~noise:"
+#: ... and for the figures of an output's floor that only the reference decides (its rounding
+#: to the output's dtype and precision, its rms): kept with it in the reference cache, as they
+#: took ~1 s of a repeated CI grid to compute again (#15)
+FLOOR_KEY = "~floor:"
 #: (output spec, the baseline's copy of it, its errors against the exact reference, the floor)
 #: -> why the case's precision explains those errors, or None
 Explain = Callable[[OutputSpec, torch.Tensor, RawMetrics, Floor], str | None]
@@ -372,18 +377,28 @@ class GroupRunner:
         # kept with the reference (and in its cache) under names no output can have
         for name, sigma in noise.items():
             ref[NOISE_KEY + name] = torch.tensor(sigma, dtype=torch.float64)
+        for spec in self.specs:
+            out = ref[spec.name]
+            prec = spec.precision if spec.precision not in (None, spec.dtype) else None
+            ref[FLOOR_KEY + spec.name] = torch.tensor(
+                [
+                    *rounding_error(out, spec.dtype),
+                    ref_rms(out),
+                    *(rounding_error(out, prec) if prec is not None else (math.nan, math.nan)),
+                ],
+                dtype=torch.float64,
+            )
         return ref
 
     def _floor(self, spec: OutputSpec) -> Floor:
-        ref = self.ref[spec.name]
-        prec = spec.precision if spec.precision not in (None, spec.dtype) else None
+        abs_err, rel_err, rms, p_abs, p_rel = self.ref[FLOOR_KEY + spec.name].tolist()
         noise = self.ref.get(NOISE_KEY + spec.name)
         scale_noise = self.ref.get(NOISE_KEY + SCALE_NOISE + spec.name)
         return effective_floor(
-            rounding_error(ref, spec.dtype),
+            (abs_err, rel_err),
             spec.reduction,
-            ref_rms(ref),
-            rounding_error(ref, prec) if prec is not None else None,
+            rms,
+            (p_abs, p_rel) if not math.isnan(p_abs) else None,
             noise_abs=float(noise) if noise is not None else 0.0,
             scale_noise=float(scale_noise) if scale_noise is not None else 0.0,
         )
@@ -420,6 +435,8 @@ class GroupRunner:
         reference's outputs kept for an explained baseline."""
         self.baseline.precise.clear()
         self._precision_ref = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _result(self, impl_name: str, status: str, message: str = "", **kw: Any) -> CaseResult:
         return case_result(
@@ -523,9 +540,9 @@ class GroupRunner:
         message = "; ".join(f"{o.name}: {o.reason}" for o in failed + noted)
         if timing_error:
             status, message = "error", timing_error
-        # Outputs are freed by reference counting; a full gc.collect() here cost ~100 ms a case.
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        # Outputs are freed by reference counting (a full gc.collect() here cost ~100 ms a
+        # case); the allocator's cache is emptied when the group ends (close), as the group's
+        # next impl needs blocks of the same sizes
         return self._result(
             impl_name,
             status,

@@ -62,14 +62,25 @@ class TolerancePolicy(BaseModel):
 
 class TimingPolicy(BaseModel):
     """Adaptive repetitions: after `warmup` runs, repeat until the standard error of the median
-    is under `target_rel_sem` of the median (at least `min_reps`), or `max_reps` / `budget_s`
-    ends. On CUDA the L2 cache is flushed before each repetition."""
+    is under `target_rel_sem` of the median (at least `min_reps`, or fewer but at least three
+    once they add up to `min_reps_time_s`), or `max_reps` / `budget_s` ends. On CUDA the L2
+    cache is flushed before each repetition."""
 
     model_config = _STRICT
     enabled: bool = True
     warmup: int = Field(2, ge=0, le=100)
     min_reps: int = Field(5, ge=1, le=10_000)
     max_reps: int = Field(100, ge=1, le=100_000)
+    min_reps_time_s: float = Field(
+        1.0,
+        ge=0,
+        le=600,
+        description="min_reps is met early by at least three repetitions that add up to this "
+        "much time (device time on CUDA): a slow call (a float32 flce at N=8192 takes ~0.5 s) "
+        "is then repeated until its statistics are good, not five times regardless, as "
+        "triton.testing.do_bench sizes its repetitions from a measured call. 0: always "
+        "min_reps",
+    )
     budget_s: float = Field(2.0, gt=0, le=600)
     target_rel_sem: float = Field(0.01, gt=0, le=1)
     flush_l2: bool = Field(

@@ -13,7 +13,8 @@ Two figures per case, both labelled:
   either). time_call measures both and picks; why a case was not timed as a graph is recorded.
   A long call (at least _LONG_MS of wall time) that the host enqueues in under half its time
   keeps the device busy by itself: it is timed as direct calls without a capture, after one
-  warm-up (none when the engine's own run of it came just before) and two wall calls.
+  warm-up and two wall calls (no warm-up and one wall call when the engine's own run of it
+  came just before and was long).
 - **wall** time: one call from the host's point of view (launches + device + a synchronise),
   median of a few calls: `host_overhead_ms` = wall - device shows a slow wrapper as such.
 
@@ -27,8 +28,10 @@ the policy's cpu_calibration): the host's speed of the moment, which a compariso
 divides out (kassay.validate.host_calibration). Not on CUDA: device time does not drift with
 the host's load, and the GPU path is left as it is.
 Repetitions continue, batch after batch, until the standard error of the median
-(1.2533 * std / sqrt(n)) falls under target_rel_sem of the median, with at least min_reps, at
-most max_reps, within budget_s. The SM clock and board power are sampled meanwhile (gpu_state).
+(1.2533 sigma / sqrt(n); on CUDA sigma from the median absolute deviation, robust to the odd
+slow repetition) falls under target_rel_sem of the median, with at least min_reps (or at least
+three adding up to min_reps_time_s: a slow call is not repeated five times regardless), at most
+max_reps, within budget_s. The SM clock and board power are sampled meanwhile (gpu_state).
 bench/timing_fidelity.py checks the result against CUPTI's kernel durations.
 """
 
@@ -119,21 +122,41 @@ def stats(times_ms: list[float], clock: str, flushed: bool, mode: str = "") -> T
     )
 
 
+#: the fewest repetitions that meet min_reps by their time (the median of three survives one
+#: outlier)
+_MIN_TIMED_REPS = 3
+
+
+def _long_enough(times: list[float], policy: TimingPolicy) -> bool:
+    """Do the repetitions meet min_reps by their time: at least _MIN_TIMED_REPS of them adding
+    up to the policy's min_reps_time_s?"""
+    return (
+        policy.min_reps_time_s > 0
+        and len(times) >= _MIN_TIMED_REPS
+        and sum(times) >= policy.min_reps_time_s * 1e3
+    )
+
+
 def _enough(
     times: list[float], policy: TimingPolicy, t_end: float, *, robust: bool = False
 ) -> bool:
     if len(times) >= policy.max_reps:
         return True
-    if len(times) < policy.min_reps:
+    if len(times) < policy.min_reps and not _long_enough(times, policy):
         return False
     return _rel_sem(times, robust=robust) <= policy.target_rel_sem or time.perf_counter() > t_end
 
 
 def _batch_size(estimate_ms: float, policy: TimingPolicy, done: int) -> int:
     """Repetitions for the next batch: about _BATCH_S of device time, at least what min_reps
-    still needs, never past max_reps."""
+    still needs (by count, or by time at `estimate_ms` a call when that needs fewer), never
+    past max_reps."""
     per = max(estimate_ms, 1e-3) / 1e3
-    n = max(1, int(_BATCH_S / per), policy.min_reps - done)
+    need = policy.min_reps - done
+    if policy.min_reps_time_s > 0:
+        by_time = max(_MIN_TIMED_REPS, math.ceil(policy.min_reps_time_s / per)) - done
+        need = min(need, by_time)
+    n = max(1, int(_BATCH_S / per), need)
     return max(1, min(n, policy.max_reps - done))
 
 
@@ -327,7 +350,7 @@ _UNROLL_DEVICE_MS = 2.0
 _GRAPH_GAIN = 0.9
 #: a call at least this long (wall ms) that the host enqueues in under _HOST_AHEAD of its time
 #: keeps the device busy when called back to back: no graph is tried and the wall figure takes
-#: two calls. What it saves is repetitions of the long calls that dominate a CI grid (a float32
+#: two calls (one after a long run of the engine's). What it saves is repetitions of the long calls that dominate a CI grid (a float32
 #: flce case at N=8192 V=128256 takes ~0.4 s a call and was called ~29 times to be timed). With
 #: the host at most half as busy as the device a graph cannot be faster by _GRAPH_GAIN unless it
 #: changes what runs, which is no reason to choose it.
@@ -370,14 +393,18 @@ def time_call(
     so a graph launch's latency is not counted either."""
     if device.type != "cuda":
         return _time_cpu(fn, policy)
-    if ran_ms is None or ran_ms < _LONG_MS:
+    ran_long = ran_ms is not None and ran_ms >= _LONG_MS
+    if not ran_long:
         _warm_up(fn, device, policy.warmup)
     torch.cuda.synchronize(device)
-    wall, enqueue = _wall_times(fn, device, policy, 2)
+    # after a long run of the engine's one wall call is enough to tell a long call (~0.5 s of
+    # float32 flce a call, twice in a CI grid's four slowest cases)
+    first = 1 if ran_long else 2
+    wall, enqueue = _wall_times(fn, device, policy, first)
     long_call = statistics.median(wall) >= _LONG_MS
     if not long_call:
         more, more_enq = _wall_times(
-            fn, device, policy, max(0, min(_WALL_REPS, policy.max_reps) - 2)
+            fn, device, policy, max(0, min(_WALL_REPS, policy.max_reps) - first)
         )
         wall, enqueue = wall + more, enqueue + more_enq
     wall_ms, enqueue_ms = statistics.median(wall), statistics.median(enqueue)
