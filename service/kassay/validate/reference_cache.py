@@ -14,6 +14,14 @@ dtype, sum and norm) is kept with the reference, and a hit needs the regenerated
 it: inputs that came out different (a generator that is not deterministic on this device) make
 the reference again.
 
+On CUDA the host copies are page-locked where they lie (cudaHostRegister, undone when the copy
+is freed): a pageable 3.9 GiB reference took 0.50 s back to the H200 and 3.1 s to the host, a
+page-locked one 0.08 s back (research/host_copy_probe.py). A refused registration leaves its
+error as the CUDA runtime's last error, which the next kernel launch's check in torch raises
+(research/cudart_error_probe.py), and torch binds no cudaGetLastError: kassay calls it in the
+runtime torch loaded, and locks nothing where it cannot find it.
+`KASSAY_REFERENCE_CACHE_PINNED=false` never locks any (locked memory cannot be swapped out).
+
 Eviction: a CI grid is a sequential scan, and a scan larger than the cache gets no hit at all
 under plain LRU (every entry is evicted just before its turn comes again). So an entry makes
 room only by evicting entries idle for more than IDLE_EVICT_S; when nothing is that old, the
@@ -22,9 +30,13 @@ new entry is not kept, and a repeated grid hits on the part that fits.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
+import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -42,8 +54,62 @@ def _nbytes(ts: Tensors) -> int:
     return sum(t.numel() * t.element_size() for t in ts.values())
 
 
-def _host(ts: Tensors) -> Tensors:
-    return {k: t.detach().to("cpu", copy=True) for k, t in ts.items()}
+@functools.cache
+def _cuda_last_error() -> Callable[[], int] | None:
+    """cudaGetLastError (returns and clears the calling thread's last CUDA runtime error) of the
+    runtime library torch loaded, or None: found among the process's mapped files and opened
+    with RTLD_NOLOAD, so it is that same instance and its error state, never a second copy."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if "libcudart.so" in line}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+        except OSError:
+            continue
+        fn = getattr(lib, "cudaGetLastError", None)
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            return fn  # type: ignore[no-any-return]
+    return None
+
+
+def _unregister(ptr: int) -> None:
+    if int(torch.cuda.cudart().cudaHostUnregister(ptr)) != 0:
+        clear = _cuda_last_error()
+        if clear is not None:
+            clear()
+
+
+def _page_lock(t: torch.Tensor) -> bool:
+    """Page-lock a host tensor's memory where it lies (cudaHostRegister), unlocked again when
+    the tensor is freed; False when it cannot be (the tensor stays pageable). torch's pinned
+    allocator is no use here: it rounds a block up to a power of two (a 4.2 GB reference would
+    lock 8 GiB) and keeps freed blocks for itself."""
+    nbytes = t.numel() * t.element_size()
+    clear = _cuda_last_error()
+    if nbytes == 0 or clear is None:
+        return False
+    ptr = t.data_ptr()
+    if int(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0)) != 0:
+        clear()  # else the next kernel launch anywhere in the process raises this error
+        return False
+    done = weakref.finalize(t, _unregister, ptr)
+    done.atexit = False  # at exit the CUDA context may be gone; the process frees it anyway
+    return True
+
+
+def _host(ts: Tensors, *, page_lock: bool) -> Tensors:
+    out = {}
+    for k, t in ts.items():
+        host = torch.empty(t.shape, dtype=t.dtype, device="cpu")
+        if page_lock and t.is_cuda:
+            _page_lock(host)
+        host.copy_(t.detach())
+        out[k] = host
+    return out
 
 
 def _device(ts: Tensors, device: torch.device) -> Tensors:
@@ -77,8 +143,9 @@ def fingerprint(ts: Tensors) -> str:
 class ReferenceCache:
     """LRU of float64 references (host copies) with their inputs' fingerprints; thread-safe."""
 
-    def __init__(self, cap_bytes: int) -> None:
+    def __init__(self, cap_bytes: int, *, page_lock: bool = True) -> None:
         self.cap_bytes = cap_bytes
+        self.page_lock = page_lock
         self.held_bytes = 0
         self.hits = 0
         self.misses = 0
@@ -131,7 +198,7 @@ class ReferenceCache:
                         self._used.pop(old, None)
                 fits = self.held_bytes + size <= self.cap_bytes
             if fits:
-                host = (fp, _host(ref), size)
+                host = (fp, _host(ref, page_lock=self.page_lock), size)
                 with self._lock:
                     if key not in self._entries and self.held_bytes + size <= self.cap_bytes:
                         self._entries[key] = host
@@ -145,10 +212,14 @@ _cache: ReferenceCache | None = None
 
 def shared_cache() -> ReferenceCache:
     """The process's cache, sized by the reference_cache_bytes setting
-    (KASSAY_REFERENCE_CACHE_BYTES, default 8 GiB; 0 turns it off)."""
+    (KASSAY_REFERENCE_CACHE_BYTES, default 8 GiB; 0 turns it off), page-locked unless
+    KASSAY_REFERENCE_CACHE_PINNED is false."""
     global _cache
     if _cache is None:
         from kassay.settings import get_settings
 
-        _cache = ReferenceCache(get_settings().reference_cache_bytes)
+        settings = get_settings()
+        _cache = ReferenceCache(
+            settings.reference_cache_bytes, page_lock=settings.reference_cache_pinned
+        )
     return _cache
