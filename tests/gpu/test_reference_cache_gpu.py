@@ -57,15 +57,18 @@ def test_a_refused_lock_leaves_no_error_for_the_next_launch() -> None:
 
 
 def test_the_lock_goes_with_the_cached_copy() -> None:
-    """When the cached tensor is freed its pages are unlocked: memory kept alive through a view
-    can then be locked again (it could not while locked)."""
+    """When the cached tensor is freed its pages are unlocked: memory kept alive through its
+    storage (not a view, which keeps the tensor itself alive) can then be locked again, which
+    it could not while locked."""
     from kassay.validate.reference_cache import _page_lock
 
     host = torch.empty(1 << 20, dtype=torch.float64)
-    view = host[:]  # keeps the memory, not the tensor object the lock is tied to
-    assert _page_lock(host) and not _page_lock(view)
+    storage = host.untyped_storage()
+    assert _page_lock(host)
+    again = torch.empty(0, dtype=torch.float64).set_(storage)
+    assert not _page_lock(again)
     del host
     gc.collect()
-    assert not view.is_pinned()
-    assert _page_lock(view)
+    assert not again.is_pinned()
+    assert _page_lock(again)
     assert torch.randn(16, device=DEV).abs().sum().item() > 0
