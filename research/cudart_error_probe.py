@@ -19,31 +19,37 @@ import os
 
 import torch
 
-res = {}
-x = torch.randn(4, device="cuda")
-host = torch.empty(1 << 20, dtype=torch.float64)
-cudart = torch.cuda.cudart()
-ptr, n = host.data_ptr(), host.numel() * 8
-res["first"] = int(cudart.cudaHostRegister(ptr, n, 0))
-res["second"] = int(cudart.cudaHostRegister(ptr, n, 0))
-try:
-    torch.randn(4, device="cuda").sum().item()
-    res["launch_after_refusal"] = "ok"
-except Exception as e:
-    res["launch_after_refusal"] = f"{type(e).__name__}: {str(e)[:200]}"
-# find the loaded libcudart
-with open("/proc/self/maps") as f:
-    maps = f.read()
-libs = sorted({line.split()[-1] for line in maps.splitlines() if "libcudart" in line})
-res["libs"] = libs
-if libs:
-    lib = ctypes.CDLL(libs[0], mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
-    res["third"] = int(cudart.cudaHostRegister(ptr, n, 0))
-    res["get_last_error"] = int(lib.cudaGetLastError())
-    res["get_last_error_again"] = int(lib.cudaGetLastError())
+
+def main() -> None:
+    res: dict[str, object] = {}
+    x = torch.randn(4, device="cuda")
+    host = torch.empty(1 << 20, dtype=torch.float64)
+    cudart = torch.cuda.cudart()
+    ptr, n = host.data_ptr(), host.numel() * 8
+    res["first"] = int(cudart.cudaHostRegister(ptr, n, 0))
+    res["second"] = int(cudart.cudaHostRegister(ptr, n, 0))
     try:
         torch.randn(4, device="cuda").sum().item()
-        res["launch_after_clear"] = "ok"
+        res["launch_after_refusal"] = "ok"
     except Exception as e:
-        res["launch_after_clear"] = f"{type(e).__name__}: {str(e)[:200]}"
-print(json.dumps(res, indent=1))
+        res["launch_after_refusal"] = f"{type(e).__name__}: {str(e)[:200]}"
+    # find the loaded libcudart
+    with open("/proc/self/maps") as f:
+        maps = f.read()
+    libs = sorted({line.split()[-1] for line in maps.splitlines() if "libcudart" in line})
+    res["libs"] = libs
+    if libs:
+        lib = ctypes.CDLL(libs[0], mode=os.RTLD_NOLOAD | ctypes.RTLD_GLOBAL)
+        res["third"] = int(cudart.cudaHostRegister(ptr, n, 0))
+        res["get_last_error"] = int(lib.cudaGetLastError())
+        res["get_last_error_again"] = int(lib.cudaGetLastError())
+        try:
+            torch.randn(4, device="cuda").sum().item()
+            res["launch_after_clear"] = "ok"
+        except Exception as e:
+            res["launch_after_clear"] = f"{type(e).__name__}: {str(e)[:200]}"
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
