@@ -22,7 +22,7 @@ import torch
 
 def main() -> None:
     res: dict[str, object] = {}
-    x = torch.randn(4, device="cuda")
+    torch.randn(4, device="cuda")  # the CUDA context first
     host = torch.empty(1 << 20, dtype=torch.float64)
     cudart = torch.cuda.cudart()
     ptr, n = host.data_ptr(), host.numel() * 8
