@@ -4,6 +4,7 @@ poison it, and the cache stays within its byte cap."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kassay.validate import reports
@@ -182,3 +183,22 @@ def test_a_slow_call_on_the_cpu_stops_after_three_repetitions() -> None:
         TimingPolicy(warmup=0, min_reps=5, max_reps=10, target_rel_sem=0.05, cpu_calibration=False),
     )
     assert t.n == 3 and 390 < t.median_ms < 600
+
+
+def test_without_a_cuda_runtime_nothing_is_page_locked() -> None:
+    """Page-locking needs the CUDA runtime torch loaded (to clear a refusal's error): where none
+    is loaded (this CPU build) nothing is locked, no CUDA call is made, and the cache keeps its
+    references as plain host copies."""
+    from kassay.validate.reference_cache import _cuda_last_error, _page_lock
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build: tests/gpu/test_reference_cache_gpu.py covers locking")
+    assert _cuda_last_error() is None
+    host = torch.ones(8, dtype=torch.float64)
+    assert not _page_lock(host) and not host.is_pinned()
+    cache = ReferenceCache(cap_bytes=1 << 20, page_lock=True)
+    make = lambda: {"x": torch.arange(4.0)}  # noqa: E731
+    ref = lambda ins: {"y": ins["x"].double()}  # noqa: E731
+    cache.get_or_make("k", CPU, make, ref)
+    _, again, hit = cache.get_or_make("k", CPU, make, ref)
+    assert hit and torch.equal(again["y"], torch.arange(4.0, dtype=torch.float64))

@@ -163,30 +163,27 @@ def compare(
         k = min(n_worst, score.numel())
         vals, idx = torch.topk(score, k)
         cand.append(torch.stack([vals, (idx + s).double(), o64[idx], r[idx]]))
-    if n:
-        (d2, er, ref_sq), (m.max_abs, m.max_rel, m.max_ulp), got = (
-            sums.tolist(),
-            maxima.tolist(),
-            counts.tolist(),
-        )
-        (
-            m.nan,
-            m.inf,
-            m.ref_nan,
-            m.ref_inf,
-            m.mismatched_nonfinite,
-            m.nonfinite_where_finite,
-            m.finite_where_inf,
-            m.n_finite,
-            m.n_bad,
-            o_nonzero,
-            r_nonzero,
-        ) = got
-        r2_ = float(r2)
-    else:
-        d2 = er = ref_sq = r2_ = 0.0
-        o_nonzero = r_nonzero = 0
-    m.rel_l2 = (d2**0.5 / r2_**0.5) if r2_ > 0 else (0.0 if d2 == 0 else float("inf"))
+    # one read of everything (all zeros for an empty tensor)
+    (d2, er, ref_sq), (m.max_abs, m.max_rel, m.max_ulp), got, ref_norm2 = (
+        sums.tolist(),
+        maxima.tolist(),
+        counts.tolist(),
+        float(r2),
+    )
+    (
+        m.nan,
+        m.inf,
+        m.ref_nan,
+        m.ref_inf,
+        m.mismatched_nonfinite,
+        m.nonfinite_where_finite,
+        m.finite_where_inf,
+        m.n_finite,
+        m.n_bad,
+        o_nonzero,
+        r_nonzero,
+    ) = got
+    m.rel_l2 = (d2**0.5 / ref_norm2**0.5) if ref_norm2 > 0 else (0.0 if d2 == 0 else float("inf"))
     m.bias = er / ref_sq if ref_sq > 0 else 0.0
     m.all_zero = n > 0 and not o_nonzero and m.nan == 0 and m.inf == 0
     m.ref_all_zero = not r_nonzero

@@ -350,10 +350,11 @@ _UNROLL_DEVICE_MS = 2.0
 _GRAPH_GAIN = 0.9
 #: a call at least this long (wall ms) that the host enqueues in under _HOST_AHEAD of its time
 #: keeps the device busy when called back to back: no graph is tried and the wall figure takes
-#: two calls (one after a long run of the engine's). What it saves is repetitions of the long calls that dominate a CI grid (a float32
-#: flce case at N=8192 V=128256 takes ~0.4 s a call and was called ~29 times to be timed). With
-#: the host at most half as busy as the device a graph cannot be faster by _GRAPH_GAIN unless it
-#: changes what runs, which is no reason to choose it.
+#: two calls (one after a long run of the engine's). What it saves is repetitions of the long
+#: calls that dominate a CI grid (a float32 flce case at N=8192 V=128256 takes ~0.4 s a call
+#: and was called ~29 times to be timed). With the host at most half as busy as the device a
+#: graph cannot be faster by _GRAPH_GAIN unless it changes what runs, which is no reason to
+#: choose it.
 _LONG_MS = 5.0
 _HOST_AHEAD = 0.5
 
