@@ -16,6 +16,7 @@ from typing import Protocol
 from kassay.api.store import JobRecord, Store, body_hash
 from kassay.errors import InvalidSpecError, KassayError, ResourceError, UnknownImplError
 from kassay.settings import Settings
+from kassay.validate.case_result import case_dtype
 from kassay.validate.spec import GroupSpec, JobSpec, expand, parse_spec
 
 
@@ -104,6 +105,9 @@ def _estimates(group_specs: list[GroupSpec]) -> tuple[dict[str, str], int, Group
     worst = 0
     worst_group: GroupSpec | None = None
     for g in group_specs:
+        if g.skip:  # never runs: named by the dtype it was written with
+            dtypes[g.group_id] = case_dtype(g.op, g.params)
+            continue
         op = get_op(g.op)
         params = op.parse_params(g.params)
         dtypes[g.group_id] = op.case_dtype(params)
@@ -153,4 +157,8 @@ def admit(
     )
     if created and spec.artifacts:
         store.artifacts.record_job(job.id, spec.artifacts)
+    if created:
+        for g in group_specs:
+            if g.skip:  # stored done: no worker leases it; its cases are reported here
+                store.results.fill_missing(job.id, g.group_id, status="skipped", reason=g.skip)
     return Admitted(job, created, tuple(sorted({s.op for s in spec.suites})))

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 Tensors = dict[str, torch.Tensor]
 RunFn = Callable[[Tensors, Any], Tensors]
 SupportsFn = Callable[[Any, torch.device], "str | None"]
-Kind = Literal["builtin", "peer", "plugin", "mutant", "testing", "artifact"]
+Kind = Literal["builtin", "peer", "plugin", "mutant", "alternative", "testing", "artifact"]
 
 
 def _always(_params: Any, _device: torch.device) -> str | None:
@@ -59,7 +59,7 @@ class Impl:
 
 
 _REGISTRY: dict[tuple[str, str], Impl] = {}
-_HIDDEN_KINDS: frozenset[str] = frozenset({"mutant", "testing"})
+_HIDDEN_KINDS: frozenset[str] = frozenset({"mutant", "alternative", "testing"})
 _loaded: set[str] = set()
 
 
@@ -72,7 +72,7 @@ def register(impl: Impl, *, replace: bool = False) -> Impl:
 
 
 def _visible(impl: Impl, include_mutants: bool, include_testing: bool) -> bool:
-    if impl.kind == "mutant":
+    if impl.kind in ("mutant", "alternative"):  # the self-test's two corpora
         return include_mutants
     if impl.kind == "testing":
         return include_testing
@@ -84,7 +84,7 @@ def load(*, mutants: bool = False, testing: bool = False, plugins: bool = True) 
     test-only impls and the entry-point plugins."""
     modules = ["kassay.impls.torch_impls", "kassay.impls.peers", "kassay.impls.kassay_impls"]
     if mutants:
-        modules.append("kassay.impls.mutants")
+        modules += ["kassay.impls.mutants", "kassay.impls.alternatives"]
     if testing:
         modules.append("kassay.impls.testing")
     for mod in modules:

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 #: Op.reference_noise's key prefix for the noise of an output's fitted scale (the bias check's
 #: s in out = (1 + s) ref), as opposed to the noise of its elements (plain output name)
 SCALE_NOISE = "scale:"
+#: ... and for what a sound design may lose to the op's conditioning at the inputs, per output:
+#: CONDITIONING + "abs:" + name its largest element error, CONDITIONING + "rel:" + name its
+#: rel_l2 (flce: a row's lse rounded to float32 scales its softmax by 1 + d, |d| ~ u |lse|)
+CONDITIONING = "cond:"
 
 #: Bytes per element of every dtype an op's tensors come in (the cost models use it).
 ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
@@ -123,6 +127,9 @@ class Op(ABC):
         output's name: the standard deviation of that output's fitted scale s from rounding
         shared along a structure of the output (flce, reduction none: each row's grad_output
         rounded once for the row's whole gradient), which widens the bias check's limit.
+        Under CONDITIONING + "abs:"/"rel:" + an output's name: the max_abs and rel_l2 a sound
+        design of the params' precision may lose to the op's conditioning at these inputs (a
+        float32 lse rounded once, then used in exp(z - lse)), which joins that output's floor.
         Default: no noise."""
         return self.reference(inputs, params), {}
 

@@ -18,11 +18,12 @@ This is the op's torch-free contract; its inputs and float64 reference live in
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
-from kassay.ops.base import ITEMSIZE, Op, OpParams, OutputSpec
+from kassay.ops.base import ITEMSIZE, Op, OpParams, OutputSpec, Tensors
 from kassay.ops.base import torch_dtype as _torch_dtype
 
 if TYPE_CHECKING:
@@ -107,6 +108,13 @@ class LseMergeOp(Op):
 
     def input_bytes(self, params: LseMergeParams) -> int:
         return params.K * self._state_bytes(params)
+
+    def reference_noise(
+        self, inputs: Tensors, params: LseMergeParams
+    ) -> tuple[Tensors, dict[str, float]]:
+        runtime = importlib.import_module(self.runtime_module)
+        ref: Tensors = runtime.reference(inputs, params)
+        return ref, runtime.conditioning(inputs, params, ref)
 
     def reference_bytes(self, params: LseMergeParams) -> int:
         p = params

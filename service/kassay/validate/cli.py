@@ -22,9 +22,17 @@ def register(sub: Any) -> None:
     p.add_argument("--quiet", action="store_true", help="no per-case lines")
     p.set_defaults(func=_cmd_run)
 
-    s = sub.add_parser("selftest", help="run the mutant corpus: every known bug must be caught")
+    s = sub.add_parser(
+        "selftest",
+        help="run the two corpora: every known bug (mutant) must be caught, no correct impl "
+        "(torch, kassay, the correct alternatives) may fail",
+    )
     s.add_argument("--device", default="auto")
-    s.add_argument("--only", nargs="*", help="run only these mutants (by name)")
+    s.add_argument(
+        "--only",
+        nargs="*",
+        help="run only these mutants (by name); add `fairness` to run the fairness corpus too",
+    )
     s.set_defaults(func=_cmd_selftest)
 
 

@@ -9,8 +9,9 @@ Per op, from the suite's own grid points (their dtypes, modes and options), at s
   reduction none with ignored rows, AMP with and without a bias; lse_merge: the other lse
   layout, the other accumulation);
 - dims that coincide (a layout mix-up hidden while they differ) and dims that all differ;
-- a long reduction (flce: many rows for grad_weight and a long vocabulary for grad_input and the
-  lse; lse_merge: K = 64 states);
+- a long reduction at every base dtype (a 16-bit accumulation hides at float32): flce many rows
+  for grad_weight, a long vocabulary for grad_input and the lse, a long hidden size for the
+  logits; lse_merge K = 64 states;
 - the op's other regimes (at the ragged point).
 Added points run with timing off (they are for correctness) and carry a note saying why they
 were added; `coverage: none` in a suite turns them off.
@@ -59,6 +60,17 @@ def _flce(points: list[Point], regimes: list[str], all_regimes: tuple[str, ...])
             rag.update(N=45, H=40, V=197)
         ign = max(float(b.get("ignore_fraction", 0.0)), 0.25)
         yield {**rag, "ignore_fraction": ign}, "normal", "ragged sizes, ignored targets"
+        # every accumulation length, at every base (its dtype, autocast, reduction): many rows
+        # (grad_weight sums over N; more than 256 non-ignored rows, an odd count), a long
+        # vocabulary (grad_input and the lse sum over V) and a long hidden size (the logits'
+        # dot products), apart: the Triton interpreter's cost grows with N * H * V
+        yield (
+            {**b, "N": 351, "H": 16, "V": 48, "ignore_fraction": ign},
+            "normal",
+            "long reduction (N=351 rows)",
+        )
+        yield {**b, "N": 6, "H": 16, "V": 2000}, "normal", "long reduction (V=2000)"
+        yield {**b, "N": 12, "H": 1000, "V": 40}, "normal", "long reduction (H=1000)"
         if i:
             continue  # the rest once per suite: option interplay does not depend on the base
         yield {**rag, "bias": True, "softcap": 30.0}, "normal", "options bias+softcap"
@@ -80,15 +92,6 @@ def _flce(points: list[Point], regimes: list[str], all_regimes: tuple[str, ...])
                     f"options autocast float16, bias {'on' if bias else 'off'}",
                 )
         yield {**b, "N": 40, "H": 40, "V": 40}, "normal", "dims coincide (N=H=V)"
-        # many rows (grad_weight sums over N; more than 256 non-ignored rows, an odd count)
-        # and a long vocabulary (grad_input and the lse sum over V), apart: the Triton
-        # interpreter's cost grows with N * V
-        yield (
-            {**b, "N": 351, "H": 16, "V": 48, "ignore_fraction": ign},
-            "normal",
-            "long reduction (N=351 rows)",
-        )
-        yield {**b, "N": 6, "H": 16, "V": 2000}, "normal", "long reduction (V=2000)"
         for r in all_regimes:
             if r not in regimes:
                 yield rag, r, f"regime {r}"
@@ -103,6 +106,8 @@ def _lse_merge(
         k = int(b.get("K", 2))
         rag = {**b, "T": 37, "Hh": 3, "D": 24, "K": max(k, 3)}
         yield rag, "normal", "ragged sizes"
+        # at every base: accumulating K states in the out dtype hides at float32
+        yield {**b, "T": 9, "Hh": 2, "D": 24, "K": 64}, "normal", "long reduction (K=64)"
         mode = b.get("mode", "merge")
         if mode in first_of_mode:
             continue
@@ -113,7 +118,6 @@ def _lse_merge(
             other_acc = "out" if b.get("accumulate", "float32") == "float32" else "float32"
             yield {**rag, "accumulate": other_acc}, "normal", f"options accumulate {other_acc}"
         yield {**b, "T": 8, "Hh": 8, "D": 8}, "normal", "dims coincide (T=Hh=D)"
-        yield {**b, "T": 9, "Hh": 2, "D": 24, "K": 64}, "normal", "long reduction (K=64)"
         for r in all_regimes:
             if r not in regimes:
                 yield rag, r, f"regime {r}"

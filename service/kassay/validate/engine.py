@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +33,8 @@ import torch
 
 from kassay.impls import Impl, get_impl, load
 from kassay.ops import Op, OutputSpec, get_op
-from kassay.ops.base import SCALE_NOISE
+from kassay.ops.base import CONDITIONING, SCALE_NOISE
+from kassay.validate import interpreter
 from kassay.validate.case_result import case_result
 from kassay.validate.ceilings import measure_ceilings
 from kassay.validate.env import environment, resolve_device
@@ -56,6 +56,7 @@ from kassay.validate.verdicts import (
     Floor,
     check_bias,
     effective_floor,
+    participation,
     ref_rms,
     run_to_run,
     suspect_reason,
@@ -104,12 +105,19 @@ def _poison_allocator(device: torch.device, nbytes: int) -> None:
 
 
 class _Run:
-    """Outputs, wall time and memory of one call of an impl."""
+    """Outputs, wall time and memory of one call of an impl, and the Triton kernels it launched
+    under the CPU interpreter."""
 
     def __init__(
-        self, outputs: Tensors | None, error: str | None, peak: int | None, ms: float = 0.0
+        self,
+        outputs: Tensors | None,
+        error: str | None,
+        peak: int | None,
+        ms: float = 0.0,
+        interpreted: int = 0,
     ) -> None:
         self.outputs, self.error, self.peak, self.ms = outputs, error, peak, ms
+        self.interpreted = interpreted
 
 
 def _call(
@@ -121,18 +129,26 @@ def _call(
         _sync(device)
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
+    launched = interpreter.launches() if device.type == "cpu" else 0
     t0 = time.perf_counter()
     try:
         outs = impl.run(inputs, params)
         _sync(device)
     except Exception as exc:  # the impl's failure is a result, not the engine's
-        tb = traceback.extract_tb(exc.__traceback__)
-        where = f" (at {tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
-        return _Run(None, f"{type(exc).__name__}: {exc}{where}", None)
+        return _Run(None, f"{type(exc).__name__}: {exc}{interpreter.where(exc)}", None)
+    ms = (time.perf_counter() - t0) * 1e3
     peak = None
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device) - before
-    return _Run(outs, None, peak, (time.perf_counter() - t0) * 1e3)
+    interpreted = interpreter.launches() - launched if device.type == "cpu" else 0
+    return _Run(outs, None, peak, ms, interpreted)
+
+
+def _bfloat16_case(inputs: Tensors, specs: list[OutputSpec]) -> bool:
+    """Whether a case computes in bfloat16: an input, an output or the outputs' precision."""
+    return any(t.dtype == torch.bfloat16 for t in inputs.values()) or any(
+        "bfloat16" in (s.dtype_name, s.precision_name) for s in specs
+    )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -251,7 +267,11 @@ def _metrics_for(
         bias_limit = ev.bias_limit
     elif not is_baseline and not raw.mismatched_nonfinite:
         bv = check_bias(
-            spec.name, raw, base if baseline_usable(base) and not suspect else None, floor
+            spec.name,
+            raw,
+            base if baseline_usable(base) and not suspect else None,
+            floor,
+            group.tolerance.factor,
         )
         bias_limit = bv.limit
         if not bv.passed:
@@ -371,6 +391,7 @@ class GroupRunner:
         self._precision_ref: Tensors | None = None
         self.base_median: float | None = None
         self.poison = 2 * self.op.unavoidable_bytes(self.params)
+        self.bfloat16 = _bfloat16_case(self.inputs, self.specs)
 
     def _make_reference(self, inputs: Tensors) -> Tensors:
         ref, noise = self.op.reference_noise(inputs, self.params)
@@ -385,15 +406,17 @@ class GroupRunner:
                     *rounding_error(out, spec.dtype),
                     ref_rms(out),
                     *(rounding_error(out, prec) if prec is not None else (math.nan, math.nan)),
+                    participation(out),
                 ],
                 dtype=torch.float64,
             )
         return ref
 
     def _floor(self, spec: OutputSpec) -> Floor:
-        abs_err, rel_err, rms, p_abs, p_rel = self.ref[FLOOR_KEY + spec.name].tolist()
+        abs_err, rel_err, rms, p_abs, p_rel, part = self.ref[FLOOR_KEY + spec.name].tolist()
         noise = self.ref.get(NOISE_KEY + spec.name)
         scale_noise = self.ref.get(NOISE_KEY + SCALE_NOISE + spec.name)
+        cond = [self.ref.get(NOISE_KEY + CONDITIONING + k + spec.name) for k in ("abs:", "rel:")]
         return effective_floor(
             (abs_err, rel_err),
             spec.reduction,
@@ -401,6 +424,11 @@ class GroupRunner:
             (p_abs, p_rel) if not math.isnan(p_abs) else None,
             noise_abs=float(noise) if noise is not None else 0.0,
             scale_noise=float(scale_noise) if scale_noise is not None else 0.0,
+            conditioning=(
+                float(cond[0]) if cond[0] is not None else 0.0,
+                float(cond[1]) if cond[1] is not None else 0.0,
+            ),
+            participation=part,
         )
 
     def _explain(
@@ -457,6 +485,15 @@ class GroupRunner:
         if reason:
             return self._result(impl_name, "unsupported", reason)
         run = _call(impl, self.inputs, self.params, self.device, self.poison)
+        if run.interpreted and self.bfloat16 and interpreter.interpreting():
+            if is_baseline:  # the interpreter's numbers set no one's limits
+                self.baseline.raw = dict.fromkeys(self.floors)
+            return self._result(
+                impl_name,
+                "skipped",
+                interpreter.NOT_JUDGED,
+                duration_s=time.perf_counter() - t0,
+            )
         if run.error is not None or run.outputs is None:
             if is_baseline:
                 self.baseline.raw = dict.fromkeys(self.floors)

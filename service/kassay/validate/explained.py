@@ -81,7 +81,7 @@ def judge_explained(
     if not dtype_ok or exact.mismatched_nonfinite or (exact.all_zero and not exact.ref_all_zero):
         return ExplainedVerdict(False, generic.reason, "absolute", None, spread)
     bias_a = check_bias(name, exact, None, floor)
-    bias_b = check_bias(name, there, base_there, floor)
+    bias_b = check_bias(name, there, base_there, floor, policy.factor)
     if exact.n_bad == 0 and bias_a.passed:
         why = f"{ACCURATE}: within atol {atol:.3g} + rtol {rtol:.3g}*|ref| of the exact reference"
         return ExplainedVerdict(True, why, "absolute", bias_a.limit, spread)

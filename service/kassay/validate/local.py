@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from kassay.errors import InvalidSpecError
+from kassay.validate.case_result import case_result
 from kassay.validate.engine import run_group
 from kassay.validate.env import environment, resolve_device
 from kassay.validate.results import CaseResult, Report, Summary
@@ -39,6 +40,13 @@ def run_job(
     created = datetime.now(timezone.utc)
     cases: list[CaseResult] = []
     for g in groups:
+        if g.skip:  # a combination the op refuses: reported, never run
+            skipped = [case_result(g, impl, "skipped", g.skip) for impl in g.impls]
+            for c in skipped:
+                if on_result is not None:
+                    on_result(c)
+            cases.extend(skipped)
+            continue
         cases.extend(
             run_group(
                 g,

@@ -7,6 +7,12 @@ shapes, dtypes and options, no regimes listed, default coverage; what catches th
 defaults (coverage, the verdict checks), not a grid aimed at the bug. A mutant is detected when any of its cases is not passed (failed, error, crashed);
 a correct impl's case that does not pass is a false failure. The run ends with
 `detected D/M mutants, false failures F/C correct cases`, and succeeds only when D = M, F = 0.
+
+The other corpus is fairness: correct impls written differently from eager PyTorch
+(kassay.impls.alternatives: other softmax formulas, float32 logits under 16-bit inputs, float64,
+chunked and compensated sums) run beside torch and kassay under plain specs at every dtype and
+AMP (FAIRNESS); each of their cases that does not pass counts as a false failure too, and the
+last line says how many of the correct cases were theirs.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from kassay.impls import get_impl, load
+from kassay.impls import get_impl, list_impls, load
 from kassay.validate.engine import run_group
 from kassay.validate.env import resolve_device
 from kassay.validate.results import CaseResult
@@ -28,6 +34,9 @@ from kassay.validate.spec import (
 )
 
 CORRECT = ("torch", "kassay")
+#: statuses of a correct impl's case that are not a verdict (it cannot run these params, or the
+#: device cannot judge them: kassay.validate.interpreter)
+NOT_COUNTED = ("unsupported", "skipped")
 
 
 @dataclass(frozen=True)
@@ -134,10 +143,38 @@ PLAIN_PROBES: tuple[Probe, ...] = tuple(
                 "m_truncating_round",
                 "m_unordered_merge",
                 "m_stale_acc",
+                "m_merge_out_accum",
             ),
         ),
     )
     for m in names
+)
+
+
+# The fairness corpus's plain suites: every dtype, AMP (dtype x autocast: the combinations the
+# op refuses come back skipped), every mode; default regimes and coverage.
+FAIRNESS: tuple[tuple[str, dict[str, Any]], ...] = (
+    (
+        "flce",
+        {
+            "N": 32,
+            "H": 48,
+            "V": 256,
+            "dtype": ["float32", "float16", "bfloat16"],
+            "autocast": ["none", "bfloat16", "float16"],
+        },
+    ),
+    (
+        "lse_merge",
+        {
+            "T": 64,
+            "Hh": 4,
+            "D": 32,
+            "K": 4,
+            "dtype": ["float32", "float16", "bfloat16"],
+            "mode": ["merge", "step", "step_second_half"],
+        },
+    ),
 )
 
 
@@ -153,24 +190,36 @@ class ProbeResult:
 
     @property
     def false_failures(self) -> list[CaseResult]:
-        return [c for c in self.correct_cases if c.status not in ("passed", "unsupported")]
+        return [c for c in self.correct_cases if c.status not in (*NOT_COUNTED, "passed")]
 
 
 @dataclass
 class SelftestResult:
     probes: list[ProbeResult]
+    #: the fairness corpus's cases (the alternatives', torch's and kassay's on its suites)
+    fairness: list[CaseResult] = field(default_factory=list)
+
+    @property
+    def fairness_false(self) -> list[CaseResult]:
+        return [c for c in self.fairness if c.status not in (*NOT_COUNTED, "passed")]
 
     @property
     def detected(self) -> int:
         return sum(p.detected for p in self.probes)
 
     @property
+    def n_fairness(self) -> int:
+        return sum(c.status not in NOT_COUNTED for c in self.fairness)
+
+    @property
     def n_correct(self) -> int:
-        return sum(sum(c.status != "unsupported" for c in p.correct_cases) for p in self.probes)
+        return self.n_fairness + sum(
+            sum(c.status not in NOT_COUNTED for c in p.correct_cases) for p in self.probes
+        )
 
     @property
     def n_false(self) -> int:
-        return sum(len(p.false_failures) for p in self.probes)
+        return len(self.fairness_false) + sum(len(p.false_failures) for p in self.probes)
 
     @property
     def ok(self) -> bool:
@@ -179,7 +228,8 @@ class SelftestResult:
     def line(self) -> str:
         return (
             f"detected {self.detected}/{len(self.probes)} mutants, "
-            f"false failures {self.n_false}/{self.n_correct} correct cases"
+            f"false failures {self.n_false}/{self.n_correct} correct cases "
+            f"(fairness corpus: {len(self.fairness_false)}/{self.n_fairness})"
         )
 
 
@@ -202,11 +252,8 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
         if only and probe.mutant not in only and f"{probe.op}.{probe.mutant}" not in only:
             continue
         pr = ProbeResult(probe)
+        # kassay's bfloat16 kernels on a CPU come back skipped (kassay.validate.interpreter)
         correct = _available(probe.op, probe.correct)
-        if dev.type == "cpu" and probe.params.get("dtype") == "bfloat16":
-            # the Triton interpreter rounds float32 to bfloat16 toward zero (a -0.27% bias the
-            # verdict rightly flags): kassay's bfloat16 kernels are checked on GPUs only
-            correct = [c for c in correct if c != "kassay"]
         for regime in probe.regimes:
             g = GroupSpec(
                 group_id=f"selftest-{i}-{regime}",
@@ -223,7 +270,31 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
             pr.correct_cases += [c for c in cases if c.impl != probe.mutant]
         results.append(pr)
     results += _run_plain(dev, only)
-    return SelftestResult(results)
+    fairness = _run_fairness(dev) if not only or "fairness" in only else []
+    return SelftestResult(results, fairness)
+
+
+def _run_fairness(dev: Any) -> list[CaseResult]:
+    """The fairness corpus under plain specs: correct alternatives beside torch and kassay."""
+    suites = []
+    for op, params in FAIRNESS:
+        impls = [i.name for i in list_impls(op, include_mutants=True) if i.kind == "alternative"]
+        suites.append(
+            Suite(
+                op=op,
+                impls=[*_available(op, CORRECT), *impls],
+                params=params,
+                timing=TimingPolicy(enabled=False),
+            )
+        )
+    spec = JobSpec(name="selftest-fairness", suites=suites)
+    groups = expand(spec, check_impl=local_impl_check(include_mutants=True))
+    return [
+        c
+        for g in groups
+        if not g.skip
+        for c in run_group(g, device=dev, include_mutants=True, ceilings=False)
+    ]
 
 
 def _run_plain(dev: Any, only: list[str] | None) -> list[ProbeResult]:
@@ -254,6 +325,7 @@ def _run_plain(dev: Any, only: list[str] | None) -> list[ProbeResult]:
         cases = [
             c
             for g in groups
+            if not g.skip
             for c in run_group(g, device=dev, include_mutants=True, ceilings=False)
         ]
         for p in probes:
@@ -288,7 +360,7 @@ def print_selftest(result: SelftestResult) -> None:
         )
     console = Console()
     console.print(t)
-    for pr in result.probes:
-        for c in pr.false_failures:
-            console.print(f"[red]false failure[/red] {c.op}.{c.impl} {c.label()}: {c.message}")
+    false = [c for pr in result.probes for c in pr.false_failures] + result.fairness_false
+    for c in false:
+        console.print(f"[red]false failure[/red] {c.op}.{c.impl} {c.label()}: {c.message}")
     print(result.line())

@@ -207,6 +207,10 @@ class GroupSpec(BaseModel):
     coverage: str = ""  # empty: a point of the user's grid; else why coverage added it
     #: the job's artifacts: this group runs only in a sandboxed executor that loaded them
     artifacts: list[Digest] = Field(default_factory=list, max_length=MAX_ARTIFACTS)
+    #: non-empty: a grid point the op's params refuse as a combination (dtype x autocast); it
+    #: never runs, its cases are reported `skipped` with this reason and `params` is the point
+    #: as the suite wrote it
+    skip: str = ""
 
     def case_ids(self) -> list[str]:
         return [case_id(self.group_id, impl) for impl in self.impls]
@@ -320,7 +324,9 @@ def expand(
 
     cap = min(max_cases, spec.max_cases or max_cases)
     n = count_cases(spec)
-    if n > cap:
+    # the grid is bounded before it is expanded (combinations the op refuses do not count
+    # against the cap, but a grid many times over it is refused without expanding it)
+    if n > cap * GRID_SLACK:
         raise CaseLimitError(
             f"job expands to {n} cases, over the cap of {cap}; split it or shrink the grid",
             details={"cases": n, "cap": cap},
@@ -348,6 +354,7 @@ def expand(
                 exc.details["loc"] = ["suites", si, "regimes"]
                 raise
         points = []
+        refused: list[tuple[dict[str, Any], str, InvalidSpecError]] = []
         for point in _grid(suite.params):
             try:
                 params = op.parse_params(point).model_dump()
@@ -357,7 +364,10 @@ def expand(
                 shown = shown if len(shown) <= 300 else shown[:300] + " ..."
                 err.message = f"{err.message} (grid point {shown})"
                 err.args = (err.message,)
-                raise err from None
+                if not _combination_only(exc):
+                    raise err from None
+                refused.append((point, _combination_reason(exc), err))
+                continue
             points.append(params)
             parsed = op.parse_params(params)
             for regime in regimes:
@@ -367,21 +377,63 @@ def expand(
                     groups.append(
                         _group(op.name, suite, si, params, regime, seed, artifacts=spec.artifacts)
                     )
+        if refused and not points:
+            # no point of the grid is valid: that is a mistake, not a mix
+            raise refused[0][2]
+        for point, reason, _err in refused:
+            groups.append(_skipped_group(op.name, suite, si, point, regimes[0], reason))
         if suite.coverage == "standard":
             groups += _coverage_groups(
                 op, suite, si, points, regimes, groups, artifacts=list(spec.artifacts)
             )
+    n_run = sum(len(g.impls) for g in groups if not g.skip)
     n_cov = sum(len(g.impls) for g in groups if g.coverage)
-    if n_cov and n + n_cov > cap:
+    if n_run > cap:
+        added = f" ({n_cov} added by coverage)" if n_cov else ""
+        hint = ", shrink the grid or set coverage: none" if n_cov else " or shrink the grid"
         raise CaseLimitError(
-            f"job expands to {n + n_cov} cases ({n_cov} added by coverage), over the cap of "
-            f"{cap}; split it, shrink the grid or set coverage: none",
-            details={"cases": n + n_cov, "cap": cap},
+            f"job expands to {n_run} cases{added}, over the cap of {cap}; split it{hint}",
+            details={"cases": n_run, "cap": cap},
         )
     ids = [g.group_id for g in groups]
     if len(set(ids)) != len(ids):
         raise InvalidSpecError("the grid repeats a point (same params, regime and seed twice)")
     return groups
+
+
+#: a grid may list up to this many times the case cap before expansion: the combinations an op
+#: refuses (skipped, not run) do not count against the cap, but expanding a grid costs time
+GRID_SLACK = 16
+
+
+def _combination_only(exc: ValidationError) -> bool:
+    """Whether every error is the params model's own check of a combination of fields (its
+    model validator: no field in `loc`), as opposed to a field's value being wrong."""
+    return all(not e["loc"] for e in exc.errors())
+
+
+def _combination_reason(exc: ValidationError) -> str:
+    msgs = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+    return f"not a valid combination of the grid: {msgs}"
+
+
+def _skipped_group(
+    op: str, suite: Suite, si: int, point: dict[str, Any], regime: str, reason: str
+) -> GroupSpec:
+    """The group of a grid point the op refuses: reported skipped, never run."""
+    return GroupSpec(
+        group_id=_group_id(op, point, "skipped", 0, si),
+        suite_index=si,
+        op=op,
+        params=point,
+        regime=regime,
+        seed=suite.seeds[0],
+        impls=list(suite.impls),
+        baseline=suite.baseline,
+        tolerance=suite.tolerance,
+        timing=TimingPolicy(enabled=False),
+        skip=reason,
+    )
 
 
 def _group(

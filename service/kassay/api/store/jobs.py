@@ -200,7 +200,9 @@ class Jobs:
                                 "job_seq": seq,
                                 "idx": gi,
                                 "spec": g.model_dump(mode="json"),
-                                "state": "pending",
+                                # a grid point the op refuses never runs (its cases are
+                                # reported skipped below)
+                                "state": "done" if g.skip else "pending",
                                 "attempts": 0,
                             }
                             for gi, g in enumerate(group_specs)

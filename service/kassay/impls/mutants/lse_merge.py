@@ -140,6 +140,14 @@ def unordered_merge(
     return merge_torch(outs[order], lses[order], lse_layout=lse_layout, accumulate=accumulate)
 
 
+def merge_out_accum(
+    outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A K-way merge that sums the weighted states in the out dtype whatever `accumulate`
+    asks: at float32 nothing shows; at 16 bits the error grows with K."""
+    return merge_torch(outs, lses, lse_layout=lse_layout, accumulate="out")
+
+
 def _stale_acc_step(
     v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,6 +200,12 @@ _mutant(
     None,
     stale_acc_update,
     "18: float32 accumulator never updated (out and lse are)",
+)
+_mutant(
+    "m_merge_out_accum",
+    merge_out_accum,
+    None,
+    "21: K-way merge accumulates in the out dtype when float32 is asked",
 )
 _mutant(
     "m_stale_empty_baseline",

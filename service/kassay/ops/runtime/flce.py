@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
-from kassay.ops.base import SCALE_NOISE
+from kassay.ops.base import CONDITIONING, SCALE_NOISE
 from kassay.ops.flce import REF_CHUNK_BYTES, FlceParams
 from kassay.ops.runtime.base import Tensors, generator
 
@@ -194,7 +195,9 @@ def reference(
     ce_div = float(n_valid)
     if cw is not None:
         ce_div = float(cw[torch.where(valid, target, 0)][valid].sum()) if n_valid else 0.0
-    rows = max(1, min(p.N, REF_CHUNK_BYTES // (3 * 8 * p.V)))
+    # the conditioning's bounds need a fourth [rows, V] buffer
+    cond = _Conditioning(p, x, w64, cw, dev) if noise is not None else None
+    rows = max(1, min(p.N, REF_CHUNK_BYTES // ((3 if cond is None else 4) * 8 * p.V)))
 
     row_loss = torch.zeros(p.N, dtype=torch.float64, device=dev)
     row_z = torch.zeros(p.N, dtype=torch.float64, device=dev)
@@ -255,8 +258,11 @@ def reference(
         # (unweighted: c = 1), times the token scale ts; three [rows, V] buffers: z, prob, dz
         g = ce_scale[s:e] * vc.double() * ts
         gz = row_scale[s:e] * vc.double() * ts
+        coef = g * ((1 - eps) * c_y + (eps / p.V) * c_sum) + gz * 2 * p.z_loss_scale * lse
+        if cond is not None:
+            cond.chunk(s, e, prob, t if p.softcap is not None else None, lse, coef, gz, go)
         dz = prob
-        dz *= (g * ((1 - eps) * c_y + (eps / p.V) * c_sum) + gz * 2 * p.z_loss_scale * lse)[:, None]
+        dz *= coef[:, None]
         if cw is None:
             dz -= (g * eps / p.V)[:, None]
         else:
@@ -265,6 +271,9 @@ def reference(
         if p.softcap is not None:
             dz *= 1 - t * t
         grad_x[s:e] = dz @ w64
+        if cond is not None:
+            sc_y = (1 - t * t).gather(1, safe_t[:, None])[:, 0] if p.softcap is not None else one
+            cond.grad_input(s, grad_x[s:e], safe_t, (1 - eps) * c_y * g * sc_y, g * eps / p.V)
         grad_w += dz.T @ xc
         if grad_b is not None:
             grad_b += dz.sum(dim=0)
@@ -316,6 +325,8 @@ def reference(
                 noise[SCALE_NOISE + name] = scale_ulp / math.sqrt(3.0) * math.sqrt(sw2) / sw
     if p.return_z_loss:
         out["z_loss"] = reduce(row_z)
+    if cond is not None and noise is not None:
+        noise.update(cond.result(out, grad_x, grad_w, grad_b))
     if p.return_token_accuracy:
         if p.reduction == "none":
             out["token_accuracy"] = hits
@@ -326,3 +337,121 @@ def reference(
     if grad_b is not None:
         out["grad_bias"] = grad_b
     return out
+
+
+#: the unit roundoff of the float32 lse every sound design keeps
+_U32 = 2.0**-24
+
+
+class _Conditioning:
+    """What a sound design loses to the lse's magnitude (Op.reference_noise, CONDITIONING).
+
+    A softmax formed as exp(z - lse), the row's lse rounded to float32 (FlashAttention's
+    backward; a loss written lse - z_y), scales the row's probabilities by 1 - d_n with
+    |d_n| <= a_n = u |lse_n|: at |z| ~ 1e3 that is 6e-5, while exp(z - max) / sum and eager's
+    log_softmax lose a few u. To first order every output moves along d(output)/d(lse_n), and
+    with k_n = d(row loss)/d(lse_n) (the factor `coef` of the softmax in d(loss)/dz, grad_output
+    and the reduction in it) and P = p * (1 - t^2) (the softcap's derivative):
+    - grad_input row n: d_n k_n (P_n @ W), bounded by a_n |k_n P_n @ W|, where
+      k_n P_n @ W = grad_input_n + the target's and the smoothing's terms (no extra GEMM);
+    - grad_weight, grad_bias: sums over rows of independent d_n: per element two standard
+      deviations, 2 sqrt(sum_n (a_n k_n P_nj)^2 / 3 x_nh^2) (max_abs bounded with the row's
+      largest x^2);
+    - loss: 2 sqrt(sum_n (a_n k_n)^2 / 3) (reduction none: a_n |k_n| per row), the z-loss
+      likewise with its own factor.
+    Accumulated chunk by chunk; `result` gives the (max_abs, rel_l2) per output."""
+
+    def __init__(
+        self,
+        p: FlceParams,
+        x: torch.Tensor,
+        w64: torch.Tensor,
+        cw: torch.Tensor | None,
+        dev: torch.device,
+    ) -> None:
+        self.p, self.x, self.w64 = p, x, w64
+        f64: dict[str, Any] = {"dtype": torch.float64, "device": dev}
+        self.cw_w = (cw @ w64 if cw is not None else w64.sum(dim=0)) if p.label_smoothing else None
+        self.gx_max = torch.zeros((), **f64)
+        self.gx_sq = torch.zeros((), **f64)
+        self.gw_vec = torch.zeros(p.V, **f64)  # sum_n A_n P^2 max_h x^2
+        self.gw_sq = torch.zeros((), **f64)
+        self.gb_vec = torch.zeros(p.V, **f64)  # sum_n A_n P^2
+        self.loss_rows = torch.zeros(p.N, **f64)  # a_n k_n / grad_output (none) per row
+        self.z_rows = torch.zeros(p.N, **f64)
+        self._a = torch.zeros(p.N, **f64)
+        self._k = torch.zeros(p.N, **f64)
+
+    def chunk(
+        self,
+        s: int,
+        e: int,
+        prob: torch.Tensor,
+        t: torch.Tensor | None,
+        lse: torch.Tensor,
+        coef: torch.Tensor,
+        gz: torch.Tensor,
+        go: torch.Tensor,
+    ) -> None:
+        a = _U32 * lse.abs()
+        self._a[s:e], self._k[s:e] = a, coef
+        scale = go.reshape(-1)[s:e] if go.numel() > 1 else go.reshape(-1)[0]
+        safe_go = torch.where(scale != 0, scale, torch.ones_like(scale))
+        self.loss_rows[s:e] = a * coef / safe_go
+        self.z_rows[s:e] = a * gz * 2 * self.p.z_loss_scale * lse / safe_go
+        p2 = prob * (1 - t * t) if t is not None else prob.clone()
+        p2.square_()
+        big_a = (a * coef).square_() / 3.0
+        xc = self.x[s:e].double()
+        x2 = xc.square()
+        self.gb_vec += p2.T @ big_a
+        self.gw_vec += p2.T @ (big_a * x2.amax(dim=1))
+        self.gw_sq += 4.0 * (big_a * p2.sum(dim=1) * x2.sum(dim=1)).sum()
+        del p2
+
+    def grad_input(
+        self,
+        s: int,
+        gx: torch.Tensor,
+        safe_t: torch.Tensor,
+        target_w: torch.Tensor,
+        smooth_w: torch.Tensor,
+    ) -> None:
+        """gx [rows, H]: the grad_input of the chunk from row s (float64); k P @ W = gx +
+        target_w W_y + smooth_w (c @ W)."""
+        kpw = gx + target_w[:, None] * self.w64[safe_t]
+        if self.cw_w is not None:
+            kpw = kpw + smooth_w[:, None] * self.cw_w[None, :]
+        b = self._a[s : s + gx.shape[0], None] * kpw.abs()
+        self.gx_max = torch.maximum(self.gx_max, b.max())
+        self.gx_sq += b.square().sum()
+
+    def result(
+        self,
+        out: Tensors,
+        grad_x: torch.Tensor,
+        grad_w: torch.Tensor,
+        grad_b: torch.Tensor | None,
+    ) -> dict[str, float]:
+        def pair(name: str, emax: torch.Tensor, esq: torch.Tensor, ref: torch.Tensor) -> None:
+            norm = float(ref.norm())
+            res[CONDITIONING + "abs:" + name] = float(emax)
+            res[CONDITIONING + "rel:" + name] = float(esq.sqrt()) / norm if norm > 0 else 0.0
+
+        res: dict[str, float] = {}
+        for name, rows in (("loss", self.loss_rows), ("z_loss", self.z_rows)):
+            if name not in out:
+                continue
+            if self.p.reduction == "none":
+                r = rows.abs()
+                pair(name, r.max() if r.numel() else r.sum(), r.square().sum(), out[name])
+            else:
+                sd2 = 4.0 * rows.square().sum() / 3.0
+                pair(name, sd2.sqrt(), sd2, out[name])
+        pair("grad_input", self.gx_max, self.gx_sq, grad_x)
+        gw_max = 2.0 * self.gw_vec.max().sqrt() if self.gw_vec.numel() else self.gw_sq
+        pair("grad_weight", gw_max, self.gw_sq, grad_w)
+        if grad_b is not None:
+            eb = 4.0 * self.gb_vec
+            pair("grad_bias", eb.max().sqrt(), eb.sum(), grad_b)
+        return res

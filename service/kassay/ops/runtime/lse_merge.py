@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from kassay.ops.base import CONDITIONING
 from kassay.ops.lse_merge import LseMergeParams
 from kassay.ops.runtime.base import Tensors, generator
 
@@ -82,3 +85,40 @@ def reference(inputs: Tensors, params: LseMergeParams) -> Tensors:
     else:
         out, lse = merge_float64(outs, lses_th)
     return {"out": out, "lse": th_to_layout(lse, p.lse_layout)}
+
+
+#: the unit roundoff of the float32 lse every sound design keeps
+_U32 = 2.0**-24
+
+
+def conditioning(inputs: Tensors, params: LseMergeParams, ref: Tensors) -> dict[str, float]:
+    """What a sound float32 design may lose on `out` to the lse's magnitude (Op.reference_noise,
+    CONDITIONING): a weight formed as exp(lse_i - lse) with the merged lse rounded to float32
+    (once per step in the step modes: K - 1 roundings that add in variance) is off by a factor
+    1 + d, |d| ~ u |lse|, shared by the row; the subtraction lse_i - lse rounds once more, by
+    u |lse_i - lse|. Per element of out, e = u (sqrt(K) |lse| sum_i c_i |out_i| +
+    sum_i c_i |lse_i - lse| |out_i|), c_i the exact weights; in the huge regime (|lse| ~ 1e4)
+    that is ~1e-3 relative, while exp(lse_i - max) / sum loses a few u. max_abs: max e;
+    rel_l2: |e| / |out|."""
+    p = params
+    outs = inputs["outs"].double()
+    lse = lse_to_th(inputs["lses"], p.lse_layout).double()
+    lse = torch.where(torch.isposinf(lse), torch.full_like(lse, -torch.inf), lse)
+    total = lse_to_th(ref["lse"], p.lse_layout)
+    h = p.T // 2 if p.mode == "step_second_half" else 0
+    outs, lse, total = outs[:, h:], lse[:, h:], total[h:]
+    live = torch.isfinite(total)
+    tot = torch.where(live, total, torch.zeros_like(total))
+    c = torch.where(live[None], torch.exp(lse - tot[None]), torch.zeros_like(lse))  # [K, T, Hh]
+    gap = torch.where(c > 0, (lse - tot[None]).abs(), torch.zeros_like(lse))
+    mag = (c[..., None] * outs.abs()).sum(dim=0)  # [T, Hh, D]
+    spread = (c * gap)[..., None].mul(outs.abs()).sum(dim=0)
+    e = _U32 * (math.sqrt(p.K) * tot.abs()[..., None] * mag + spread)
+    ref_out = ref["out"][h:]
+    fin = torch.isfinite(ref_out)
+    e = torch.where(fin & live[..., None], e, torch.zeros_like(e))
+    norm = float(torch.where(fin, ref_out, torch.zeros_like(ref_out)).norm())
+    return {
+        CONDITIONING + "abs:out": float(e.max()) if e.numel() else 0.0,
+        CONDITIONING + "rel:out": float(e.norm()) / norm if norm > 0 else 0.0,
+    }
