@@ -61,7 +61,7 @@ def _install() -> bool:
             _launches += 1
             return original(self, *args, **kwargs)
 
-        grid.__call__ = counted
+        grid.__call__ = counted  # type: ignore[method-assign]
         _installed = True
     return True
 
