@@ -1,6 +1,6 @@
 """Verdicts users can trust: what kassay's defaults catch, and what they wrongly fail.
 
-Three measurements, written as one JSON file (bench/results/verdicts-<device>-<date>.json):
+Four measurements, written as one JSON file (bench/results/verdicts-<device>-<date>.json):
 1. mutants: every mutant of kassay's corpus run three ways: `targeted` (the selftest probe's
    grid, aimed at the bug), `plain` (a spec a new user writes: the probe's shapes, dtypes and
    options, no regimes listed, default coverage) and `plain_legacy` (the same spec under the old
@@ -11,8 +11,14 @@ Three measurements, written as one JSON file (bench/results/verdicts-<device>-<d
    false failure (its message is kept). torch_native's NaN when every target is ignored is
    listed apart: it is a real bug of F.linear_cross_entropy, not a false failure.
 3. wall: seconds and CPU seconds of `kassay run` on --wall-spec, coverage standard and none.
+4. fairness: the fairness corpus (kassay.impls.alternatives: correct impls written differently
+   from torch) beside torch and kassay under the selftest's plain suites (every dtype and AMP,
+   every mode, default regimes and coverage), seeds 0..--seeds-1. Any of their cases not passed,
+   unsupported or skipped (a Triton kernel in bfloat16 under the CPU interpreter) is a false
+   failure.
 
 CPU:  TRITON_INTERPRET=1 python bench/verdicts.py --device cpu --spec examples/smoke.yaml
+      TRITON_INTERPRET=1 python bench/verdicts.py --device cpu --skip false wall  (the corpora)
 H200: python bench/verdicts.py --device cuda --spec examples/smoke.yaml --spec examples/h200.yaml
 """
 
@@ -116,6 +122,51 @@ def mutants(device: str) -> list[dict[str, Any]]:
         print(json.dumps(row), flush=True)
         rows.append(row)
     return rows
+
+
+def fairness(seeds: int, device: str) -> dict[str, Any]:
+    from kassay.impls import list_impls, load
+    from kassay.validate.selftest import CORRECT, FAIRNESS, NOT_COUNTED, available_impls
+    from kassay.validate.spec import JobSpec, Suite, TimingPolicy
+
+    load(mutants=True)
+    suites = [
+        Suite(
+            op=op,
+            impls=[
+                *available_impls(op, CORRECT),
+                *(i.name for i in list_impls(op, include_mutants=True) if i.kind == "alternative"),
+            ],
+            params=params,
+            seeds=list(range(seeds)),
+            timing=TimingPolicy(enabled=False),
+        )
+        for op, params in FAIRNESS
+    ]
+    t0 = time.perf_counter()
+    cases = _run_spec(JobSpec(name="fairness", suites=suites), device)
+    per_impl: dict[str, dict[str, int]] = {}
+    bad = []
+    for c in cases:
+        d = per_impl.setdefault(
+            f"{c.op}.{c.impl}", {"cases": 0, "false_failures": 0, "not_judged": 0}
+        )
+        if c.status in NOT_COUNTED:
+            d["not_judged"] += c.status == "skipped"
+            continue
+        d["cases"] += 1
+        if c.status != "passed":
+            d["false_failures"] += 1
+            bad.append({"case": f"{c.op}.{c.impl} {c.label()}", "message": c.message[:400]})
+    n = sum(d["cases"] for d in per_impl.values())
+    return {
+        "seeds": seeds,
+        "cases": n,
+        "false_failures": bad,
+        "summary": f"{len(bad)}/{n} correct cases failed",
+        "per_impl": per_impl,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
 
 
 def false_failures(spec_path: str, seeds: int, device: str) -> dict[str, Any]:
@@ -254,7 +305,9 @@ def main() -> None:
     ap.add_argument("--spec", action="append", default=[], help="false-failure specs")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--wall-spec", default="examples/smoke.yaml")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["mutants", "false", "wall"])
+    ap.add_argument(
+        "--skip", nargs="*", default=[], choices=["mutants", "false", "wall", "fairness"]
+    )
     ap.add_argument("--out", default=None)
     ap.add_argument(
         "--reclassify",
@@ -286,6 +339,9 @@ def main() -> None:
             for how in ("targeted", "plain", "plain_legacy")
         }
         print(res["mutants_summary"], flush=True)
+    if "fairness" not in args.skip:
+        res["fairness"] = fairness(args.seeds, str(dev))
+        print(res["fairness"]["summary"], flush=True)
     if "false" not in args.skip:
         res["false_failures"] = [false_failures(s, args.seeds, str(dev)) for s in args.spec]
     if "wall" not in args.skip:

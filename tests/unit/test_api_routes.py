@@ -387,3 +387,39 @@ def test_a_job_past_its_time_cap_ends_as_timeout(tmp_path):
     with _client(tmp_path, max_job_s=0.1) as c:  # the server's cap bounds every job
         asyncio.run(c.app.state.services.dispatcher._expire_overdue())
         assert c.get(f"/v1/jobs/{uncapped['id']}").json()["state"] == "finished"
+
+
+def test_a_grid_mixing_combinations_the_op_refuses_is_stored_with_those_skipped(client):
+    """dtype x autocast: the combinations flce refuses come back skipped with the reason (a
+    422 for the whole suite before #29); nothing of them reaches a worker."""
+    body = {
+        "name": "mix",
+        "suites": [
+            {
+                "op": "flce",
+                "impls": ["torch"],
+                "params": {
+                    "N": 8,
+                    "H": 16,
+                    "V": 32,
+                    "dtype": ["float32", "bfloat16"],
+                    "autocast": ["none", "bfloat16"],
+                },
+                "regimes": ["normal"],
+                "coverage": "none",
+                "timing": {"enabled": False},
+            }
+        ],
+    }
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["state"] == "queued" and job["progress"]["skipped"] == 1
+    rep = client.get(f"/v1/jobs/{job['id']}/report").json()
+    (skipped,) = rep["cases"]
+    assert skipped["status"] == "skipped" and skipped["dtype"] == "bfloat16"
+    assert "autocast='bfloat16' needs dtype='float32'" in skipped["message"]
+    # every combination refused: still a 422, nothing stored
+    body["suites"][0]["params"]["dtype"] = "bfloat16"
+    body["suites"][0]["params"]["autocast"] = ["bfloat16", "float16"]
+    assert client.post("/v1/jobs", json=body).status_code == 422

@@ -13,7 +13,7 @@ def test_every_known_bug_has_a_mutant_with_a_probe() -> None:
         for i in list_impls(include_mutants=True)
         if i.kind == "mutant" and i.bug
     }
-    assert bugs == {str(n) for n in range(1, 21)}
+    assert bugs == {str(n) for n in range(1, 22)}
     assert not any(i.kind == "mutant" for i in list_impls())  # hidden by default
 
 
@@ -29,4 +29,14 @@ def test_selftest_detects_all_and_flags_no_correct_impl() -> None:
         (c.impl, c.message) for p in result.probes for c in p.false_failures
     ]
     assert result.n_correct >= len(PROBES) - 1
+    # the fairness corpus: every correct alternative ran, at every dtype and AMP, and none failed
+    assert result.fairness_false == []
+    ran = {(c.op, c.impl) for c in result.fairness if c.status == "passed"}
+    alternatives = {
+        (i.op, i.name) for i in list_impls(include_mutants=True) if i.kind == "alternative"
+    }
+    assert alternatives and alternatives <= ran
+    amp = {c.dtype for c in result.fairness if c.op == "flce" and c.impl == "alt_float64"}
+    assert {"float32", "float16", "bfloat16", "amp-bfloat16", "amp-float16"} <= amp
+    assert result.line().endswith(f"(fairness corpus: 0/{result.n_fairness})")
     assert result.ok

@@ -157,8 +157,9 @@ def admit(
     )
     if created and spec.artifacts:
         store.artifacts.record_job(job.id, spec.artifacts)
-    if created:
-        for g in group_specs:
-            if g.skip:  # stored done: no worker leases it; its cases are reported here
-                store.results.fill_missing(job.id, g.group_id, status="skipped", reason=g.skip)
+    skipped = [g for g in group_specs if g.skip] if created else []
+    for g in skipped:  # stored done: no worker leases it; its cases are reported here
+        store.results.fill_missing(job.id, g.group_id, status="skipped", reason=g.skip)
+    if skipped:
+        job = store.jobs.require_job(job.id)
     return Admitted(job, created, tuple(sorted({s.op for s in spec.suites})))

@@ -87,7 +87,8 @@ def where(exc: BaseException) -> str:
     root = os.path.dirname(triton.__file__) + os.sep if triton and triton.__file__ else None
     frame = tb[-1]
     if root is not None:
-        outside = [f for f in tb if not f.filename.startswith(root)]
+        # Triton's frames, and this module's launch counter, are not where the error is
+        outside = [f for f in tb if not f.filename.startswith(root) and f.filename != __file__]
         if outside:
             frame = outside[-1]
     return f" (at {frame.filename.rsplit('/', 1)[-1]}:{frame.lineno})"

@@ -233,7 +233,8 @@ class SelftestResult:
         )
 
 
-def _available(op: str, names: tuple[str, ...]) -> list[str]:
+def available_impls(op: str, names: tuple[str, ...]) -> list[str]:
+    """Those of `names` registered for `op` here (kassay's Triton impls need triton)."""
     out = []
     for n in names:
         try:
@@ -253,7 +254,7 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
             continue
         pr = ProbeResult(probe)
         # kassay's bfloat16 kernels on a CPU come back skipped (kassay.validate.interpreter)
-        correct = _available(probe.op, probe.correct)
+        correct = available_impls(probe.op, probe.correct)
         for regime in probe.regimes:
             g = GroupSpec(
                 group_id=f"selftest-{i}-{regime}",
@@ -282,7 +283,7 @@ def _run_fairness(dev: Any) -> list[CaseResult]:
         suites.append(
             Suite(
                 op=op,
-                impls=[*_available(op, CORRECT), *impls],
+                impls=[*available_impls(op, CORRECT), *impls],
                 params=params,
                 timing=TimingPolicy(enabled=False),
             )
@@ -309,7 +310,7 @@ def _run_plain(dev: Any, only: list[str] | None) -> list[ProbeResult]:
         ]
         if not probes:
             continue
-        correct = _available(op, CORRECT)
+        correct = available_impls(op, CORRECT)
         spec = JobSpec(
             name=f"selftest-plain-{op}",
             suites=[
