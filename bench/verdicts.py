@@ -85,7 +85,10 @@ def _run_spec(spec: Any, device: str) -> list[Any]:
 
     groups = expand(spec, check_impl=local_impl_check(include_mutants=True))
     return [
-        c for g in groups for c in run_group(g, device=device, include_mutants=True, ceilings=False)
+        c
+        for g in groups
+        if not g.skip
+        for c in run_group(g, device=device, include_mutants=True, ceilings=False)
     ]
 
 

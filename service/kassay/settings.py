@@ -51,6 +51,15 @@ class Settings(BaseSettings):
         30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
     )
 
+    grpc_keepalive_s: float = Field(
+        10.0,
+        ge=0.1,
+        le=3600,
+        description="the API pings each worker this often while a group runs (finding a "
+        "silent worker within it + 5 s); a worker accepts pings every half of it. Set it alike "
+        "on the API and its workers",
+    )
+
     # --- worker link: who may talk to a worker (see README "Security") ---
     worker_token: SecretStr | None = Field(
         None,

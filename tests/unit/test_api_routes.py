@@ -219,9 +219,12 @@ def test_reports_events_cancel(client):
     assert job["state"] == "cancelled" and job["progress"]["skipped"] == 4
     rep = client.get(f"/v1/jobs/{jid}/report").json()
     assert rep["schema_version"] == "kassay.report/v1" and rep["summary"]["skipped"] == 4
+    # a cancelled run is not ok, in the JSON and in the JUnit a CI step reads (#31)
+    assert rep["summary"]["ok"] is False and rep["summary"]["cancelled"] is True
     junit = client.get(f"/v1/jobs/{jid}/report", headers={"Accept": "application/xml"})
     assert junit.headers["content-type"].startswith("application/xml")
     assert junit.text.startswith("<?xml")
+    assert 'errors="1"' in junit.text and 'type="cancelled"' in junit.text
     md = client.get(f"/v1/jobs/{jid}/report", params={"format": "markdown"})
     assert md.headers["content-type"].startswith("text/markdown") and "routes" in md.text
     html = client.get(f"/v1/jobs/{jid}/report", params={"format": "html"})

@@ -243,7 +243,7 @@ def test_an_error_inside_an_interpreted_kernel_names_the_kernels_line() -> None:
     x = torch.zeros(4)
     try:
         bad_kernel[(1,)](x)
-    except Exception as exc:  # noqa: BLE001 - whatever Triton raises, the frame is the point
+    except Exception as exc:
         where = interpreter.where(exc)
     else:  # pragma: no cover
         pytest.fail("the kernel did not raise")

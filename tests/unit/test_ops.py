@@ -203,8 +203,8 @@ def test_models_count_bytes_and_flops() -> None:
 
 def test_an_op_without_a_precision_rounding_has_no_precision_reference_or_noise() -> None:
     """Op's defaults: the engine asks for a precision reference only where precision_rounding
-    names one (lse_merge: never), so the base class refuses instead of inventing one; the
-    rounding noise defaults to none, the reference itself unchanged."""
+    names one (lse_merge: never), so the base class refuses instead of inventing one; lse_merge's
+    only noise is its conditioning (a float32 lse's magnitude), the reference itself unchanged."""
     op = get_op("lse_merge")
     p = op.parse_params({"T": 8, "Hh": 2, "D": 4, "K": 2, "dtype": "float32"})
     inputs = op.make_inputs(p, "normal", 0, CPU)
@@ -212,6 +212,8 @@ def test_an_op_without_a_precision_rounding_has_no_precision_reference_or_noise(
     with pytest.raises(NotImplementedError, match="no precision reference"):
         op.precision_reference(inputs, p)
     ref, noise = op.reference_noise(inputs, p)
-    assert noise == {}
+    assert set(noise) == {"cond:abs:out", "cond:rel:out"}
+    # |lse| ~ 3-6 in the normal regime: a few float32 roundings of out
+    assert 0 < noise["cond:rel:out"] < 2e-6 and 0 < noise["cond:abs:out"] < 1e-5
     want = op.reference(inputs, p)
     assert ref.keys() == want.keys() and all(torch.equal(ref[k], want[k]) for k in ref)

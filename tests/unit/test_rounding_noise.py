@@ -211,11 +211,12 @@ def test_a_row_rounding_impl_passes_and_a_scaled_gradient_fails(monkeypatch) -> 
         high = res["t_grads_high"]
         assert high.status == "failed", high.message
         assert re.search(r"grad_weight biased by \+0\.(4[5-9]|5[0-5])%", high.message), high.message
-    # without the scale noise the bias check flags the correct impl on some seeds
+    # Before #29 the bias check flagged this correct impl on some seeds without the scale
+    # noise (its scale was judged against the baseline's own); judged against the truth, beyond
+    # factor x the baseline's |s| and the participation noise, it passes even without it, and
+    # the 0.5% scale still fails
     monkeypatch.setattr(engine, "SCALE_NOISE", "off:")
-    flagged = [
-        s
-        for s in seeds
-        if _run(s, ["torch", "t_go_rounded"], ROWS)["t_go_rounded"].status != "passed"
-    ]
-    assert flagged, "the row-rounding impl passed every seed without the scale noise"
+    for s in seeds:
+        res = _run(s, ["torch", "t_go_rounded", "t_grads_high"], ROWS)
+        assert res["t_go_rounded"].status == "passed", (s, res["t_go_rounded"].message)
+        assert res["t_grads_high"].status == "failed", (s, res["t_grads_high"].message)

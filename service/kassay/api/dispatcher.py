@@ -36,6 +36,7 @@ from kassay.api.schemas import WorkerInfo
 from kassay.api.store import Claim, Store
 from kassay.api.worker_discovery import Resolver, WorkerDirectory
 from kassay.settings import Settings
+from kassay.worker import keepalive
 
 log = logging.getLogger("kassay.api.dispatcher")
 
@@ -54,10 +55,6 @@ _TRANSIENT = frozenset(
 )
 
 _CHANNEL_OPTIONS = [
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
@@ -226,7 +223,7 @@ class Dispatcher:
         link.channel = open_channel(
             link.address,
             self.settings,
-            _CHANNEL_OPTIONS,
+            [*keepalive.client_options(self.settings.grpc_keepalive_s), *_CHANNEL_OPTIONS],
             self._credentials,
             server_name=link.found_by,
         )

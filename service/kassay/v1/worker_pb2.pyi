@@ -483,6 +483,7 @@ class GroupSpec(_message.Message):
     TIMING_FIELD_NUMBER: _builtins.int
     COVERAGE_FIELD_NUMBER: _builtins.int
     ARTIFACTS_FIELD_NUMBER: _builtins.int
+    SKIP_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     suite_index: _builtins.int
     op: _builtins.str
@@ -494,6 +495,10 @@ class GroupSpec(_message.Message):
     """empty: "torch" """
     coverage: _builtins.str
     """Empty: a point of the user's grid; else why default coverage added it (e.g. "ragged sizes")."""
+    skip: _builtins.str
+    """Non-empty: a grid point the op refuses as a combination (dtype x autocast), reported
+    skipped with this reason by the API and never sent to a worker; a worker refuses it.
+    """
     @_builtins.property
     def flce(self) -> Global___FlceParams: ...
     @_builtins.property
@@ -530,10 +535,11 @@ class GroupSpec(_message.Message):
         timing: Global___TimingPolicy | None = ...,
         coverage: _builtins.str = ...,
         artifacts: _abc.Iterable[_builtins.str] | None = ...,
+        skip: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["flce", b"flce", "lse_merge", b"lse_merge", "params", b"params", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "coverage", b"coverage", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "coverage", b"coverage", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "skip", b"skip", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["flce", "lse_merge"]  # noqa: Y015
     _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015

@@ -195,6 +195,8 @@ class Summary(BaseModel):
     unsupported: int = 0
     skipped: int = 0
     ok: bool = True
+    #: the job was cancelled: its unfinished cases are `skipped` and it is not ok
+    cancelled: bool = False
     # cases carrying each flag, and cases at points default coverage added
     baseline_suspect: int = 0
     baseline_explained: int = 0
@@ -203,15 +205,19 @@ class Summary(BaseModel):
     added_by_coverage: int = 0
 
     @classmethod
-    def of(cls, cases: list[CaseResult]) -> Summary:
-        s = cls(total=len(cases))
+    def of(cls, cases: list[CaseResult], *, cancelled: bool = False) -> Summary:
+        """The counts of `cases`; ok when none failed, errored, crashed or timed out and the job
+        was not cancelled (a CI step reading `ok` must not pass a run that stopped short)."""
+        s = cls(total=len(cases), cancelled=cancelled)
         for c in cases:
             setattr(s, c.status, getattr(s, c.status) + 1)
             for f in c.flags:
                 if f in FLAGS:
                     setattr(s, f, getattr(s, f) + 1)
             s.added_by_coverage += bool(c.coverage)
-        s.ok = s.failed == 0 and s.error == 0 and s.crashed == 0 and s.timeout == 0
+        s.ok = (
+            s.failed == 0 and s.error == 0 and s.crashed == 0 and s.timeout == 0 and not cancelled
+        )
         return s
 
 

@@ -115,6 +115,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         artifact_dir=str(artifact_dir.resolve()) if settings.worker_artifacts else None,
         max_artifact_bytes=settings.max_artifact_bytes,
         metrics_listen=settings.worker_metrics_listen,
+        keepalive_s=settings.grpc_keepalive_s,
         sandbox=SandboxConfig(
             workdir="",
             cpu_s=settings.sandbox_cpu_s,

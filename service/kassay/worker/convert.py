@@ -161,6 +161,7 @@ def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
         baseline=group.baseline,
         coverage=group.coverage,
         artifacts=list(group.artifacts),
+        skip=group.skip,
     )
     set_params(msg, group.op, group.params)
     fill(msg.tolerance, group.tolerance.model_dump(), ("tolerance",))
@@ -175,6 +176,8 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
         raise _invalid((*loc, "group_id"), "must not be empty")
     if not msg.impls:
         raise _invalid((*loc, "impls"), "must list at least one impl")
+    if msg.skip:
+        raise _invalid((*loc, "skip"), f"a skipped grid point is never run ({msg.skip})")
     op = msg.op or (msg.WhichOneof("params") or "")
     params = get_params(msg, op, loc)
     tolerance = (

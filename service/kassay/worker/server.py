@@ -47,7 +47,7 @@ from kassay.v1 import worker_pb2 as pb
 from kassay.v1 import worker_pb2_grpc
 from kassay.validate.results import CaseResult
 from kassay.validate.spec import MAX_ARTIFACTS, GroupSpec
-from kassay.worker import convert
+from kassay.worker import convert, keepalive
 from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor
@@ -89,6 +89,8 @@ class WorkerConfig:
     sandbox: SandboxConfig | None = None
     #: HOST:PORT of the Prometheus /metrics endpoint (None: none)
     metrics_listen: str | None = None
+    #: the API's ping interval (kassay.worker.keepalive): pings that often are accepted
+    keepalive_s: float = keepalive.DEFAULT_INTERVAL_S
 
 
 class _StreamSink:
@@ -428,6 +430,7 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
         options=[
             ("grpc.max_receive_message_length", 64 * 2**20),
             ("grpc.max_send_message_length", 64 * 2**20),
+            *keepalive.server_options(config.keepalive_s),
         ],
     )
     try:

@@ -123,7 +123,7 @@ class Results:
             created_at=created,
             finished_at=ts(job.finished_at),
             environments=[Environment.model_validate(e) for e in job.environments],
-            summary=Summary.of(results),
+            summary=Summary.of(results, cancelled=job.state == "cancelled"),
             cases=results,
         )
 
