@@ -51,6 +51,13 @@ class Settings(BaseSettings):
         30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
     )
 
+    login_max_failures: int = Field(
+        10,
+        gt=0,
+        description="failed sign-ins (POST /login) one address may make within "
+        "login_window_s before it must wait (429 with Retry-After); counted per API replica",
+    )
+    login_window_s: float = Field(60.0, gt=0, description="the window of login_max_failures")
     grpc_keepalive_s: float = Field(
         10.0,
         ge=0.1,

@@ -60,6 +60,18 @@ def test_submit_json_and_yaml_get_list(client):
     assert client.get("/v1/jobs", params={"name": "routes", "state": "queued"}).json()["items"]
 
 
+def test_control_characters_in_headers_and_file_names_are_422(client):
+    r = client.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "k\x01"})
+    assert r.status_code == 422
+    assert client.get("/v1/jobs").json()["items"] == []
+
+
+def test_a_file_name_with_control_characters_is_422(tmp_path):
+    with _client(tmp_path, allow_code=True) as c:
+        assert _upload(c, name="mine\x00.py").status_code == 422
+        assert c.get("/v1/artifacts").json() == []
+
+
 def test_idempotency_key(client):
     h = {"Idempotency-Key": "ci-run-42"}
     a = client.post("/v1/jobs", json=SPEC, headers=h)
@@ -88,6 +100,11 @@ def test_idempotency_key(client):
             "T",
         ),
         ({"suites": []}, None, "name"),
+        # control characters in stored text (#31): a NUL is stored by SQLite, refused by
+        # PostgreSQL's text columns; a newline forges log lines
+        ({**SPEC, "name": "ci\u0000run"}, None, "name"),
+        ({**SPEC, "labels": {"branch": "main\nfake"}}, None, "labels"),
+        ({**SPEC, "compare_to": {"labels": {"branch": "\u0007"}}}, None, "compare_to"),
     ],
 )
 def test_invalid_specs_are_422_with_the_field(client, body, loc, needle):

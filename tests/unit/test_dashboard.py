@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from written_jobs import H200, SPEC, finished_job
 
 from kassay.api.app import create_app
-from kassay.api.auth import SESSION_COOKIE, session_cookie, valid_session
+from kassay.api.auth import SESSION_COOKIE, LoginThrottle, session_cookie, valid_session
 from kassay.api.openapi_extras import JOB_SPEC_EXAMPLE, report_example
 from kassay.settings import Settings
 from kassay.validate.html_report import case_detail, failed_limits, varying
@@ -212,6 +212,43 @@ def test_a_token_signs_a_browser_in_for_reads_only(tmp_path: Path) -> None:
         assert away.url.path == "/"
 
 
+def test_sign_out_revokes_the_session_for_a_kept_copy_of_the_cookie(tmp_path: Path) -> None:
+    """#31: sign-out only dropped the cookie; a copy of it kept reading."""
+    with _client(tmp_path, api_tokens=[WRITE], read_tokens=[READ], open_reads=False) as c:
+        ok = c.post("/login", data={"token": READ}, follow_redirects=False)
+        value = ok.cookies[SESSION_COOKIE]
+        assert c.get("/v1/jobs", cookies={SESSION_COOKIE: value}).status_code == 200
+        c.post("/logout", cookies={SESSION_COOKIE: value})
+        c.cookies.clear()
+        assert c.get("/v1/jobs", cookies={SESSION_COOKIE: value}).status_code == 401
+        # signing in again at once gives a new session (its own nonce) that reads
+        again = c.post("/login", data={"token": READ}, follow_redirects=False)
+        c.cookies.clear()
+        fresh = again.cookies[SESSION_COOKIE]
+        assert fresh != value
+        assert c.get("/v1/jobs", cookies={SESSION_COOKIE: fresh}).status_code == 200
+
+
+def test_failed_sign_ins_are_rate_limited_per_address(tmp_path: Path) -> None:
+    with _client(
+        tmp_path, api_tokens=[WRITE], open_reads=False, login_max_failures=3, login_window_s=60
+    ) as c:
+        for _ in range(3):
+            assert c.post("/login", data={"token": "guess"}).status_code == 401
+        refused = c.post("/login", data={"token": WRITE}, follow_redirects=False)
+        assert refused.status_code == 429 and 0 < int(refused.headers["retry-after"]) <= 60
+        assert "too many failed sign-ins" in refused.text
+
+
+def test_the_login_throttle_window_slides() -> None:
+    t = LoginThrottle(limit=2, window_s=10)
+    t.failed("a", now=0)
+    t.failed("a", now=5)
+    assert t.retry_after("a", now=6) == 4  # the first failure leaves the window at 10
+    assert t.retry_after("b", now=6) is None  # per address
+    assert t.retry_after("a", now=10.5) is None
+
+
 def test_a_session_ends_with_its_time_or_its_token() -> None:
     s = Settings(api_tokens=[WRITE], read_tokens=[READ], open_reads=False, session_hours=1)
     value, max_age = session_cookie(s, READ, now=1_000_000)
@@ -220,10 +257,12 @@ def test_a_session_ends_with_its_time_or_its_token() -> None:
     assert not valid_session(s, value, now=1_000_000 + 3601)
     revoked = Settings(api_tokens=[WRITE], read_tokens=["another"], open_reads=False)
     assert not valid_session(revoked, value, now=1_000_000)
-    expires, _, mac = value.partition(".")
-    forged = f"{int(expires) + 10**6}.{mac}"
+    expires, _, rest = value.partition(".")
+    forged = f"{int(expires) + 10**6}.{rest}"
     assert not valid_session(s, forged, now=1_000_000)
-    for junk in ("", "x", "1.2", f"{expires}.{'0' * 64}"):
+    nonce, _, mac = rest.partition(".")
+    assert not valid_session(s, f"{expires}.{'0' * 16}.{mac}", now=1_000_000)
+    for junk in ("", "x", "1.2", f"{expires}.{'0' * 64}", f"{expires}.{nonce}.{'0' * 64}"):
         assert not valid_session(s, junk, now=1_000_000)
 
 

@@ -31,6 +31,7 @@ TABLES = {
     "job_artifacts",
     "case_keys",
     "comparisons",
+    "revoked_sessions",
 }
 
 

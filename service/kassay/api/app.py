@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kassay import __version__
+from kassay.api.auth import LoginThrottle
 from kassay.api.deps import Services
 from kassay.api.fastpath import JobFastPath
 from kassay.api.metrics import ApiMetrics, MetricsMiddleware
@@ -100,6 +101,7 @@ def create_app(
         "download their reports.",
     )
     app.state.settings = settings
+    app.state.login_throttle = LoginThrottle(settings.login_max_failures, settings.login_window_s)
     app.add_middleware(JobFastPath)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     handlers: dict[Any, Any] = {

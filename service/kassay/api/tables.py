@@ -138,3 +138,11 @@ comparisons = Table(
     Column("result", JSON),  # the Comparison; NULL with to_job_id NULL
     Column("note", Text),  # why there is no comparison
 )
+
+revoked_sessions = Table(
+    "revoked_sessions",
+    metadata,
+    # a signed-out browser session: the cookie's HMAC, refused until the cookie would expire
+    Column("mac", String(64), primary_key=True),
+    Column("expires_at", Float, nullable=False, index=True),
+)

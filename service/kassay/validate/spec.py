@@ -38,7 +38,10 @@ _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 #: names of ops, impls and regimes
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_.\-]+$")]
 LabelKey = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-/]+$")]
-LabelValue = Annotated[str, Field(max_length=1000)]
+#: free text a job carries (its name, label values): no control characters (a NUL byte is
+#: stored by SQLite but refused by PostgreSQL's text columns; a newline forges log lines)
+NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+LabelValue = Annotated[str, Field(max_length=1000, pattern=NO_CONTROL)]
 MAX_LABELS = 64
 #: seeds travel as int64
 Seed = Annotated[int, Field(ge=0, lt=2**63)]
@@ -157,7 +160,7 @@ class CompareTo(BaseModel):
 
 class JobSpec(BaseModel):
     model_config = _STRICT
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL)
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=MAX_LABELS)
     suites: list[Suite] = Field(min_length=1, max_length=100)
     max_cases: int | None = Field(None, gt=0, lt=2**63)

@@ -16,6 +16,7 @@ from kassay.api.deps import Services, services
 from kassay.api.route_common import ERROR_RESPONSES, read_body
 from kassay.api.schemas import Artifact
 from kassay.artifacts import inspect_artifact, sha256
+from kassay.validate.spec import NO_CONTROL
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 
@@ -48,6 +49,7 @@ async def upload_artifact(
         Query(
             min_length=4,
             max_length=255,
+            pattern=NO_CONTROL,
             description="the file's name: NAME-VERSION-...whl (a wheel) or NAME.py (a module)",
         ),
     ],

@@ -23,6 +23,7 @@ from kassay.api.store import ACTIVE_STATES
 from kassay.api.submit import admit
 from kassay.errors import InvalidSpecError, KassayError
 from kassay.validate.comparison import Comparison
+from kassay.validate.spec import NO_CONTROL
 
 _COALESCE_S = 0.02  # how long an SSE stream lets results gather after a wake-up
 
@@ -71,7 +72,7 @@ async def create_job(
     request: Request,
     response: Response,
     svc: Annotated[Services, Depends(services)],
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    idempotency_key: Annotated[str | None, Header(max_length=200, pattern=NO_CONTROL)] = None,
 ) -> Job:
     """Submit a job spec (JSON or YAML). The same `Idempotency-Key` returns the same job
     (200 instead of 201)."""

@@ -4,6 +4,7 @@ the fastapi-offline package, so the docs work with no network)."""
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from importlib.util import find_spec
 from pathlib import Path
@@ -12,7 +13,14 @@ from typing import Annotated
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import FileResponse, RedirectResponse, Response
 
-from kassay.api.auth import SESSION_COOKIE, known_token, reads_locked, session_cookie
+from kassay.api.auth import (
+    SESSION_COOKIE,
+    LoginThrottle,
+    known_token,
+    reads_locked,
+    session_cookie,
+    sign_out,
+)
 from kassay.api.pages import page
 from kassay.errors import NotFoundError
 from kassay.static import MEDIA_TYPES, asset
@@ -70,7 +78,19 @@ def login(
     s = request.app.state.settings
     target = _safe_next(next)
     token = token.strip()
+    throttle: LoginThrottle = request.app.state.login_throttle
+    who = request.client.host if request.client else "-"
+    wait = throttle.retry_after(who)
+    if wait is not None:
+        problem = (
+            f"<p class='error-box'>too many failed sign-ins from this address: try again in "
+            f"{math.ceil(wait)} s</p>"
+        )
+        response = _login_form(request, target, problem, status=429)
+        response.headers["Retry-After"] = str(math.ceil(wait))
+        return response
     if not known_token(s, token):
+        throttle.failed(who)
         problem = "<p class='error-box'>unknown token</p>"
         return _login_form(request, target, problem, status=401)
     value, max_age = session_cookie(s, token)
@@ -88,7 +108,10 @@ def login(
 
 
 @router.api_route("/logout", methods=["GET", "POST"])
-def logout() -> Response:
+def logout(request: Request) -> Response:
+    """Sign out: the cookie is dropped and its session refused from now on by every replica (a
+    copy of the cookie kept elsewhere no longer reads)."""
+    sign_out(request)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")
     return response

@@ -29,6 +29,7 @@ from kassay.api.store.jobs import ACTIVE_STATES, JOB_STATES, JobRecord, Jobs, bo
 from kassay.api.store.migrate import SchemaError, ensure_current
 from kassay.api.store.queue import Claim, GroupQueue
 from kassay.api.store.results import Results
+from kassay.api.store.sessions import Sessions
 
 
 class Store:
@@ -47,6 +48,7 @@ class Store:
         self.queue = GroupQueue(self.engine, self.jobs, self.results)
         self.history = History(self.engine)
         self.artifacts = Artifacts(self.engine)
+        self.sessions = Sessions(self.engine)
         # The parts' methods, bound here so that callers keep one object to talk to.
         self.create_job = self.jobs.create_job
         self.find_by_key = self.jobs.find_by_key
