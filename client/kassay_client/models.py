@@ -77,6 +77,9 @@ class CaseResult(_Model):
     coverage: str = ""  # empty: a point of the job's grid; else why default coverage added it
     # baseline_suspect | baseline_explained | nondeterministic | biased
     flags: list[str] = Field(default_factory=list)
+    #: "trusted" (the executor that judged it) or "sandbox" (code the job brought, run apart;
+    #: its timing and memory were measured there)
+    ran_in: str = "trusted"
 
 
 class Summary(_Model):
@@ -89,6 +92,7 @@ class Summary(_Model):
     unsupported: int = 0
     skipped: int = 0
     ok: bool = True
+    cancelled: bool = False  # the job was cancelled: not ok, its unrun cases skipped
     baseline_suspect: int = 0
     baseline_explained: int = 0
     nondeterministic: int = 0

@@ -456,14 +456,21 @@ def test_a_wheel_pinning_another_torch_fails_its_cases_saying_why(code_stack: Co
 
 
 def test_an_artifact_that_exits_at_import_fails_only_its_job(code_stack: CodeStack) -> None:
+    """Its code runs only in the impl runner: the built-in beside it is judged as ever, and a
+    job naming an impl it should have provided fails saying why."""
     module = code_stack.tmp / "kassay_exit_at_import.py"
     module.write_text(EXIT_AT_IMPORT)
     with code_stack.client() as kc:
         digest = kc.artifacts.upload(module).digest
         job = kc.jobs.wait(kc.jobs.create(_spec(["torch"], [digest])).id, timeout=120)
         (case,) = _cases(kc, job.id).values()
-        assert case.status == "crashed"
-        assert "did not start" in case.message and "exited with code 3" in case.message
+        assert case.status == "passed" and case.ran_in == "trusted", case.message
+        job = kc.jobs.wait(kc.jobs.create(_spec(["torch", "mine"], [digest])).id, timeout=120)
+        cases = _cases(kc, job.id)
+        assert {c.status for c in cases.values()} == {"error"}
+        msg = cases["mine"].message
+        assert "unknown impl 'mine'" in msg and "did not start" in msg, msg
+        assert "exited with code 3" in msg, msg
         _assert_serving(kc)
 
 

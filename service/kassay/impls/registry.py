@@ -35,6 +35,30 @@ def _always(_params: Any, _device: torch.device) -> str | None:
     return None
 
 
+@dataclass
+class RemoteRun:
+    """What an impl that runs in another process (code a job brought, in the sandbox) handed
+    back for one case: its outputs and a second run's (determinism), or why it did not run;
+    its timing (a TimingStats dump) and peak memory, measured where it ran; the Triton kernels
+    it launched under the CPU interpreter."""
+
+    outputs: Tensors | None = None
+    second: Tensors | None = None
+    timing: dict[str, Any] | None = None
+    timing_error: str = ""
+    peak_bytes: int | None = None
+    ms: float = 0.0
+    error: str | None = None
+    #: the process died running it (the error says how)
+    crashed: bool = False
+    unsupported: str | None = None
+    interpreted: int = 0
+
+
+#: (inputs, params, timing policy dump or None, capture key) -> RemoteRun
+RemoteFn = Callable[[Tensors, Any, "dict[str, Any] | None", str], RemoteRun]
+
+
 @dataclass(frozen=True)
 class Impl:
     """One implementation of one op.
@@ -56,6 +80,9 @@ class Impl:
     bug: str | None = None
     exposes: tuple[str, ...] = field(default=())  # selftest: regimes that expose a mutant
     nondeterministic: bool = False
+    #: set for an impl whose code runs in another process (kassay.worker.remote_impls): the
+    #: engine asks it for outputs, timing and memory instead of calling `run`
+    remote: RemoteFn | None = None
 
 
 _REGISTRY: dict[tuple[str, str], Impl] = {}

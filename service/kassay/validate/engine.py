@@ -478,13 +478,57 @@ class GroupRunner:
             **kw,
         )
 
+    def _speed(self, timing: TimingStats, is_baseline: bool) -> None:
+        """Throughput, roofline and speed-up against the baseline of a timed case."""
+        _throughput(timing, self.op, self.params, self.ceilings)
+        if is_baseline:
+            self.base_median = timing.median_ms
+        elif self.base_median:
+            timing.speedup_vs_baseline = self.base_median / timing.median_ms
+
     def run_case(self, impl_name: str, *, is_baseline: bool = False) -> CaseResult:
         t0 = time.perf_counter()
         impl = get_impl(self.group.op, impl_name, **self.include)
         reason = impl.supports(self.params, self.device)
         if reason:
             return self._result(impl_name, "unsupported", reason)
-        run = _call(impl, self.inputs, self.params, self.device, self.poison)
+        remote = impl.remote
+        second: list[Tensors] = []
+        timing = None
+        timing_error = ""
+        if remote is not None:
+            # code a job brought: it ran in its own sandboxed process, which hands back its
+            # outputs and its own timing and memory; the verdict is made here
+            rr = remote(
+                self.inputs,
+                self.params,
+                self.group.timing.model_dump() if self.group.timing.enabled else None,
+                f"{self.op.name}/{impl.name}",
+            )
+            if rr.unsupported:
+                return self._result(impl_name, "unsupported", rr.unsupported, ran_in="sandbox")
+            if rr.crashed:
+                if is_baseline:
+                    self.baseline.raw = dict.fromkeys(self.floors)
+                return self._result(
+                    impl_name,
+                    "crashed",
+                    rr.error or "the sandbox died",
+                    duration_s=time.perf_counter() - t0,
+                    ran_in="sandbox",
+                )
+            run = _Run(rr.outputs, rr.error, rr.peak_bytes, rr.ms, rr.interpreted)
+            if rr.second is not None:
+                second.append(rr.second)
+            timing_error = rr.timing_error
+            if rr.timing is not None and run.error is None:
+                try:
+                    timing = TimingStats.model_validate(rr.timing)
+                except ValueError as exc:
+                    timing_error = f"the sandbox's timing figures are not valid: {exc}"[:500]
+        else:
+            run = _call(impl, self.inputs, self.params, self.device, self.poison)
+        ran_in = "sandbox" if remote is not None else "trusted"
         if run.interpreted and self.bfloat16 and interpreter.interpreting():
             if is_baseline:  # the interpreter's numbers set no one's limits
                 self.baseline.raw = dict.fromkeys(self.floors)
@@ -493,20 +537,27 @@ class GroupRunner:
                 "skipped",
                 interpreter.NOT_JUDGED,
                 duration_s=time.perf_counter() - t0,
+                ran_in=ran_in,
             )
         if run.error is not None or run.outputs is None:
             if is_baseline:
                 self.baseline.raw = dict.fromkeys(self.floors)
             return self._result(
-                impl_name, "error", run.error or "no outputs", duration_s=time.perf_counter() - t0
+                impl_name,
+                "error",
+                run.error or "no outputs",
+                duration_s=time.perf_counter() - t0,
+                ran_in=ran_in,
             )
         model = self.op.unavoidable_bytes(self.params)
+        where = " (measured in the sandbox the job's code ran in)" if remote is not None else ""
         if run.peak is not None:
             memory = MemoryStats(
                 measured=True,
                 peak_extra_bytes=run.peak,
                 model_bytes=model,
                 ratio_to_model=run.peak / model if model else None,
+                note=where.strip(" ()"),
             )
         else:
             memory = MemoryStats(
@@ -514,12 +565,12 @@ class GroupRunner:
                 model_bytes=model,
                 note="peak memory is measured on CUDA devices only",
             )
-        # The second run on the same inputs (determinism): the timing loop's first call when the
-        # case is timed, else one more call.
-        second: list[Tensors] = []
-        timing = None
-        timing_error = ""
-        if self.group.timing.enabled:
+        if remote is not None:
+            if timing is not None:
+                self._speed(timing, is_baseline)
+        elif self.group.timing.enabled:
+            # The second run on the same inputs (determinism): the timing loop's first call
+            # when the case is timed, else one more call.
 
             def timed() -> Tensors:
                 outs = impl.run(self.inputs, self.params)
@@ -535,11 +586,7 @@ class GroupRunner:
                     capture_key=f"{self.op.name}/{impl.name}",
                     ran_ms=run.ms,
                 )
-                _throughput(timing, self.op, self.params, self.ceilings)
-                if is_baseline:
-                    self.base_median = timing.median_ms
-                elif self.base_median:
-                    timing.speedup_vs_baseline = self.base_median / timing.median_ms
+                self._speed(timing, is_baseline)
             except Exception as exc:  # timing re-runs the impl; a flaky impl is a result too
                 timing_error = f"raised while timing: {type(exc).__name__}: {exc}"
         else:
@@ -589,6 +636,7 @@ class GroupRunner:
             memory=memory,
             duration_s=time.perf_counter() - t0,
             flags=_flags(outputs),
+            ran_in=ran_in,
         )
 
 

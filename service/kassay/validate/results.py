@@ -178,6 +178,13 @@ class CaseResult(BaseModel):
     # (e.g. "ragged sizes", "regime fa2_inf", "options bias+softcap").
     coverage: str = ""
     flags: list[str] = Field(default_factory=list)  # a subset of FLAGS
+    ran_in: Literal["trusted", "sandbox"] = Field(
+        "trusted",
+        description="where the impl's code ran: `trusted` (the executor that judges it: "
+        "built-ins, peers, installed plugins) or `sandbox` (code the job brought, in its own "
+        "sandboxed process; its timing and memory were measured there, its verdict here); the "
+        "artifacts' digests are in the environment",
+    )
 
     def label(self) -> str:
         p = ",".join(f"{k}={v}" for k, v in self.params.items())

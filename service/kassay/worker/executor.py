@@ -1,7 +1,7 @@
 """The executor: the child process that owns the device and runs input groups through the engine.
 
     python -m kassay.worker.executor --device cpu [--enable-test-impls] [--ceilings JSON]
-                                     [--artifact DIGEST --artifact-path DIR ...] [--sandboxed]
+                                     [--artifact DIGEST --artifact-path DIR ... --runner-sandbox JSON]
 
 The supervisor (kassay.worker.supervisor) starts one per device and talks to it over the child's
 stdin/stdout with length-prefixed JSON objects (see `Channel`; JSON, not pickle: the worker
@@ -9,9 +9,11 @@ must be able to read what a sandboxed executor sends without running any of it);
 the child moves the protocol off fds 0/1 and points fd 1 at stderr, so whatever an impl prints
 cannot corrupt it.
 
-With --artifact-path, the executor also loads the `kassay.impls` entry points of the artifacts
-unpacked in those folders (kassay.worker.artifacts); the supervisor starts such an executor only
-inside the sandbox (kassay.worker.sandbox), one per group, and discards it after.
+With --artifact-path, the executor offers the `kassay.impls` entry points of the artifacts
+unpacked in those folders (kassay.worker.artifacts) without loading them: it starts an impl
+runner inside the sandbox (--runner-sandbox: kassay.worker.sandbox's config) that loads them
+and computes their outputs, which this executor judges (kassay.worker.remote_impls). The
+supervisor starts such an executor per group with artifacts and discards it after.
 
 Messages, supervisor -> executor:
     {"type": "run", "group": GroupSpec dump, "include_mutants": bool}
@@ -218,6 +220,7 @@ class Executor:
         worker_id: str | None,
         artifacts: list[str] | None = None,
         artifact_paths: list[str] | None = None,
+        runner_sandbox: str | None = None,
     ) -> None:
         import torch
 
@@ -239,7 +242,17 @@ class Executor:
         except ModuleNotFoundError:  # a build without the mutant corpus
             load(testing=testing)
         self.artifacts = list(artifacts or [])
-        artifact_errors = load_artifacts(artifact_paths or [])
+        artifact_errors: list[str] = []
+        self.remote = None
+        if artifact_paths:
+            # the job's code runs in its own sandboxed process, never in this one
+            if runner_sandbox is None:
+                raise RuntimeError("artifacts need --runner-sandbox: they run only in a sandbox")
+            from kassay.worker.remote_impls import RemoteImpls
+
+            workdir = str(json.loads(runner_sandbox)["workdir"])
+            self.remote = RemoteImpls(self.device, workdir, runner_sandbox, artifact_paths)
+            artifact_errors = self.remote.errors
         # Measured once per worker: a restarted executor reuses its predecessor's figures so a
         # restart stays well under the 10 s budget.
         if ceilings is None:
@@ -390,9 +403,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--artifact-path", action="append", default=[], help="an artifact's unpacked folder"
     )
-    parser.add_argument("--sandboxed", action="store_true", help="started by the sandbox")
+    parser.add_argument(
+        "--runner-sandbox", default=None, help="the sandbox config of the artifacts' runner"
+    )
     args = parser.parse_args(argv)
-    _die_with_parent(check_parent=not args.sandboxed)
+    _die_with_parent()
     if wants_interpreter(args.device):
         os.environ["TRITON_INTERPRET"] = "1"  # before anything imports triton
     chan = Channel.from_stdio()
@@ -408,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             worker_id=args.worker_id,
             artifacts=args.artifact,
             artifact_paths=args.artifact_path,
+            runner_sandbox=args.runner_sandbox,
         )
     except Exception as exc:
         traceback.print_exc()
@@ -417,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         msg = chan.recv()
         if msg is None or msg.get("type") == "exit":
+            if ex.remote is not None:
+                ex.remote.close()
             return 0
         if msg.get("type") == "run":
             ex.run(msg)

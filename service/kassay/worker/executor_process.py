@@ -85,8 +85,8 @@ class ExecutorProcess:
         sandbox: SandboxConfig | None = None,
         artifacts: dict[str, str] | None = None,
     ) -> ExecutorProcess:
-        """Start an executor; with `sandbox`, confined (see kassay.worker.sandbox) and loading
-        `artifacts` (digest -> unpacked folder)."""
+        """Start an executor; with `sandbox`, one whose `artifacts` (digest -> unpacked folder)
+        run in an impl runner confined by it (see kassay.worker.sandbox)."""
         args = [
             sys.executable,
             "-m",
@@ -101,11 +101,11 @@ class ExecutorProcess:
         if ceilings:
             args += ["--ceilings", json.dumps(ceilings)]
         if sandbox is not None:
+            # the executor stays trusted (it judges); it runs the artifacts' code in an impl
+            # runner it starts inside the sandbox (kassay.worker.remote_impls)
             for digest, path in (artifacts or {}).items():
                 args += ["--artifact", digest, "--artifact-path", path]
-            args.append("--sandboxed")
-            launcher = [sys.executable, "-m", "kassay.worker.sandbox"]
-            args = [*launcher, "--config", sandbox.to_json(), "--", *args]
+            args += ["--runner-sandbox", sandbox.to_json()]
         env = dict(os.environ)
         if wants_interpreter(device):
             env["TRITON_INTERPRET"] = "1"

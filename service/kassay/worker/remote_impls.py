@@ -1,0 +1,242 @@
+"""The trusted executor's side of code a job brings: a sandboxed impl runner and its proxies.
+
+The executor of a group with artifacts is trusted (it makes the inputs and the float64
+reference, runs the built-in impls and judges every output). It starts the impl runner
+(kassay.worker.impl_runner) inside the sandbox (kassay.worker.sandbox), which loads the
+artifacts; each artifact impl the runner reports is registered here as a proxy (kind
+`artifact`, `Impl.remote`), so the engine asks the runner for that impl's outputs, timing and
+memory and judges what comes back. Only JSON (kassay.worker.executor.Channel) and raw tensor
+files (kassay.worker.tensor_files) cross: nothing the runner sends is executed or unpickled
+here, and nothing it does can reach this process's engine, registry or torch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kassay.impls.registry import Impl, RemoteRun, register
+from kassay.worker import tensor_files
+from kassay.worker.executor import Channel, ProtocolError
+
+#: outputs may take this many times the inputs' bytes (plus OUTPUT_SLACK): flce's gradients
+#: are as large as its inputs, lse_merge's outputs smaller
+OUTPUT_FACTOR = 8
+OUTPUT_SLACK = 64 << 20
+
+
+class RunnerGone(RuntimeError):
+    """The impl runner died or broke the protocol: the case is an error of the job's code."""
+
+
+class RemoteImpls:
+    """One sandboxed impl runner and the proxies of its impls."""
+
+    def __init__(
+        self, device: torch.device, workdir: str, sandbox_json: str, artifact_paths: list[str]
+    ) -> None:
+        self.device = device
+        self.workdir = workdir
+        self.args = [
+            sys.executable,
+            "-m",
+            "kassay.worker.sandbox",
+            "--config",
+            sandbox_json,
+            "--",
+            sys.executable,
+            "-m",
+            "kassay.worker.impl_runner",
+            "--device",
+            str(device),
+            "--workdir",
+            workdir,
+        ]
+        for path in artifact_paths:
+            self.args += ["--artifact-path", path]
+        self.impls: list[Impl] = []
+        self._inputs: dict[str, torch.Tensor] | None = None
+        self._headers: dict[str, Any] = {}
+        self._n = 0
+        try:
+            hello = self._start()
+        except (RunnerGone, OSError) as exc:
+            # the artifacts' code broke at import: their impls are missing (a group naming one
+            # says why), the built-ins beside them still run
+            self.errors = [f"the artifacts' impl runner did not start: {exc}"]
+            return
+        self.errors = [str(e)[:2000] for e in hello.get("artifact_errors") or []][:64]
+        for item in hello.get("impls") or []:
+            op, name = str(item.get("op", "")), str(item.get("name", ""))
+            impl = Impl(
+                op,
+                name,
+                _not_here,
+                str(item.get("description", ""))[:500],
+                kind="artifact",
+                nondeterministic=bool(item.get("nondeterministic")),
+                remote=self._caller(op, name),
+            )
+            try:
+                register(impl, replace=False)
+            except ValueError as exc:  # a name already taken here (the runner refuses it too)
+                self.errors.append(str(exc))
+                continue
+            self.impls.append(impl)
+
+    def _start(self) -> dict[str, Any]:
+        """Start the runner; its hello (the impls it loaded)."""
+        # stderr is the executor's: the supervisor forwards it to the worker's log
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.chan = Channel(self.proc.stdout, self.proc.stdin)  # type: ignore[arg-type]
+        self.alive = True
+        hello = self._recv()
+        if hello.get("type") != "ready":
+            raise RunnerGone(f"the impl runner did not start: {hello.get('error', hello)}")
+        return hello
+
+    def _recv(self) -> dict[str, Any]:
+        try:
+            msg = self.chan.recv()
+        except ProtocolError as exc:
+            self.kill()
+            raise RunnerGone(f"the impl runner broke the protocol: {exc}") from None
+        if msg is None:
+            self.alive = False
+            code = self.proc.wait()
+            how = f"exited with code {code}"
+            if code < 0:
+                with contextlib.suppress(ValueError):
+                    how = f"killed by {signal.Signals(-code).name}"
+            raise RunnerGone(f"the impl runner (the job's code) {how}")
+        return msg
+
+    def _caller(self, op: str, name: str) -> Any:
+        def call(
+            inputs: dict[str, torch.Tensor],
+            params: Any,
+            timing: dict[str, Any] | None,
+            capture_key: str,
+        ) -> RemoteRun:
+            return self.call(op, name, inputs, params, timing, capture_key)
+
+        return call
+
+    def _write_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """The inputs' headers; the files are written once per group's inputs."""
+        if inputs is not self._inputs:
+            self._drop(self._headers)
+            self._n += 1
+            self._headers = tensor_files.write_all(inputs, self.workdir, f"in{self._n}")
+            self._inputs = inputs
+        return self._headers
+
+    def _drop(self, headers: Any) -> None:
+        for h in (headers or {}).values():
+            if isinstance(h, dict) and isinstance(h.get("file"), str):
+                with contextlib.suppress(OSError):
+                    os.unlink(Path(self.workdir) / os.path.basename(h["file"]))
+
+    def call(
+        self,
+        op: str,
+        name: str,
+        inputs: dict[str, torch.Tensor],
+        params: Any,
+        timing: dict[str, Any] | None,
+        capture_key: str,
+    ) -> RemoteRun:
+        """One case of impl `name`; a runner that died (a crash of the job's code) is reported
+        as crashed and started afresh for the next case."""
+        try:
+            if not self.alive:
+                self._start()
+            return self._call(op, name, inputs, params, timing, capture_key)
+        except (RunnerGone, OSError) as exc:
+            self.kill()
+            self.alive = False
+            return RemoteRun(error=str(exc), crashed=True)
+
+    def _call(
+        self,
+        op: str,
+        name: str,
+        inputs: dict[str, torch.Tensor],
+        params: Any,
+        timing: dict[str, Any] | None,
+        capture_key: str,
+    ) -> RemoteRun:
+        headers = self._write_inputs(inputs)
+        self.chan.send(
+            {
+                "type": "call",
+                "op": op,
+                "impl": name,
+                "params": params.model_dump(),
+                "inputs": headers,
+                "timing": timing,
+                "capture_key": capture_key,
+            }
+        )
+        msg = self._recv()
+        kind = msg.get("type")
+        if kind == "unsupported":
+            return RemoteRun(unsupported=str(msg.get("reason", ""))[:2000] or "unsupported")
+        if kind != "outputs":
+            return RemoteRun(error=str(msg.get("error", f"unexpected reply {kind!r}"))[:4000])
+        cap = OUTPUT_FACTOR * sum(t.numel() * t.element_size() for t in inputs.values())
+        cap += OUTPUT_SLACK
+        try:
+            outs = tensor_files.read_all(msg.get("outputs"), self.workdir, self.device, cap)
+            again = msg.get("second")
+            second = (
+                tensor_files.read_all(again, self.workdir, self.device, cap)
+                if again is not None
+                else None
+            )
+        except tensor_files.TensorFileError as exc:
+            return RemoteRun(error=f"the sandbox handed back no usable outputs: {exc}")
+        finally:
+            self._drop(msg.get("outputs"))
+            self._drop(msg.get("second"))
+        timing_dump = msg.get("timing")
+        peak = msg.get("peak_bytes")
+        ms = msg.get("ms")
+        interpreted = msg.get("interpreted")
+        return RemoteRun(
+            outputs=outs,
+            second=second,
+            timing=timing_dump if isinstance(timing_dump, dict) else None,
+            timing_error=str(msg.get("timing_error") or "")[:2000],
+            peak_bytes=peak if isinstance(peak, int) and peak >= 0 else None,
+            ms=float(ms) if isinstance(ms, (int, float)) else 0.0,
+            interpreted=interpreted if isinstance(interpreted, int) else 0,
+        )
+
+    def kill(self) -> None:
+        self.alive = False
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=5)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.chan.send({"type": "exit"})
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self._drop(self._headers)
+
+
+def _not_here(_inputs: Any, _params: Any) -> Any:
+    raise RuntimeError("an artifact impl runs only in its sandbox (Impl.remote)")
