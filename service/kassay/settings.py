@@ -182,9 +182,13 @@ class Settings(BaseSettings):
         None, description="the worker's artifact cache (default: <data_dir>/artifacts)"
     )
     sandbox_uid: int = Field(
-        65534,
+        2_100_000_000,
         ge=1,
-        description="a worker running as root runs artifact code as this user (nobody)",
+        lt=2**31 - 2**16,
+        description="a worker running as root runs each sandbox's code as a user of its own, "
+        "from this uid up (one per sandbox running at once), so that the process limit "
+        "(sandbox_nproc, counted per user across the host) of one job's code cannot be "
+        "spent by another's; no account needs to exist for them",
     )
     sandbox_cpu_s: int = Field(3600, gt=0, description="CPU seconds of one sandboxed executor")
     sandbox_nofile: int = Field(4096, ge=64, description="open files of a sandboxed executor")

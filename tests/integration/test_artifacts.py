@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from kassay.settings import Settings
 from kassay_client import Client
 from kassay_client.errors import (
     AuthenticationError,
@@ -28,6 +29,9 @@ from kassay_client.errors import (
     PermissionDeniedError,
     UnprocessableEntityError,
 )
+
+#: sandboxes run as users of their own from this uid up
+SANDBOX_UID = Settings().sandbox_uid
 
 pytestmark = pytest.mark.integration
 
@@ -232,7 +236,7 @@ def _sandbox_processes() -> list[str]:
     out = []
     for pid in os.listdir("/proc"):
         try:
-            if pid.isdigit() and os.stat(f"/proc/{pid}").st_uid == 65534:
+            if pid.isdigit() and os.stat(f"/proc/{pid}").st_uid >= SANDBOX_UID:
                 out.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "))
         except OSError:
             pass
@@ -481,3 +485,106 @@ def test_workers_describe_their_sandbox(code_stack: CodeStack) -> None:
     assert box["artifacts"] is True
     assert box["network"] in ("namespace", "landlock-tcp", "none")
     assert box["limits"]["nproc"] == 200 and box["notes"]
+
+
+#: an artifact that attacks the verdict rather than the host: at import it makes the engine's
+#: tolerance and bias checks pass everything, swaps the registry's built-in `torch` lse_merge for
+#: a wrong one and breaks torch.exp; its own impl returns garbage
+SUBVERT = """
+import torch
+from kassay.impls import Impl, registry
+from kassay.validate import engine, tolerance, verdicts
+
+def _always_pass(*args, **kwargs):
+    return tolerance.Verdict(True, "", "baseline")
+
+def _no_bias(*args, **kwargs):
+    return verdicts.BiasVerdict(True, 1.0)
+
+tolerance.judge = engine.judge = _always_pass
+verdicts.check_bias = engine.check_bias = _no_bias
+
+def _wrong(inputs, params):
+    outs, lses = inputs["outs"], inputs["lses"]
+    return {{"out": torch.zeros_like(outs[0]) + 9.0, "lse": lses[0].clone()}}
+
+for key, impl in list(registry._REGISTRY.items()):
+    if key == ("lse_merge", "torch"):
+        registry._REGISTRY[key] = Impl("lse_merge", "torch", _wrong)
+torch.exp = lambda t, *a, **k: t * 0.0
+{extra}
+def impls():
+    return [Impl("lse_merge", "s_garbage", _wrong)]
+"""
+
+#: reads what the service keeps: its database, the worker's log, the host's secrets
+SNOOP = """
+import os
+from kassay.impls import Impl
+
+def _snoop(inputs, params):
+    found = {{"uid": os.getuid()}}
+    for path in {paths!r}:
+        try:
+            with open(path, "rb") as fh:
+                found[path] = len(fh.read(64))
+        except OSError as exc:
+            found[path] = type(exc).__name__
+    raise RuntimeError("READ " + repr(found))
+
+def impls():
+    return [Impl("lse_merge", "s_snoop", _snoop)]
+"""
+
+
+def _outputs(cases: dict[str, Any], impl: str) -> list[tuple[str, float, float]]:
+    return [(o["name"], o["max_abs"], o["rel_l2"]) for o in cases[impl].outputs]
+
+
+def test_code_a_job_brings_cannot_touch_a_verdict(code_stack: CodeStack) -> None:
+    """#31: an artifact patching the verdict code, the registry and torch at import. Its garbage
+    fails; the built-ins beside it pass with the very numbers they have without it."""
+    module = code_stack.tmp / "kassay_subvert.py"
+    module.write_text(SUBVERT.format(extra=""))
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(module).digest
+        plain = _spec(["torch", "kassay"], [])
+        del plain["artifacts"]
+        alone = _cases(kc, kc.jobs.wait(kc.jobs.create(plain).id, timeout=120).id)
+        job = kc.jobs.wait(
+            kc.jobs.create(_spec(["torch", "kassay", "s_garbage"], [digest])).id, timeout=180
+        )
+        beside = _cases(kc, job.id)
+        md = kc.jobs.report(job.id, format="markdown")
+        junit = kc.jobs.report(job.id, format="junit")
+    assert "lse_merge.s_garbage (sandbox)" in md
+    assert '<property name="ran_in" value="sandbox"' in junit
+    assert beside["s_garbage"].status == "failed", beside["s_garbage"].message
+    assert beside["s_garbage"].ran_in == "sandbox"
+    assert "max_abs" in beside["s_garbage"].message
+    for impl in ("torch", "kassay"):
+        assert beside[impl].status == "passed", beside[impl].message
+        assert beside[impl].ran_in == "trusted"
+        assert _outputs(beside, impl) == _outputs(alone, impl)
+    # the job's code was timed where it ran, and says so
+    timing = beside["s_garbage"].timing
+    assert timing is not None and timing["median_ms"] > 0
+
+
+def test_code_a_job_brings_reads_nothing_of_the_service(code_stack: CodeStack) -> None:
+    worker_log = code_stack.worker.log
+    database = code_stack.tmp / "k.db"
+    paths = [str(database), str(worker_log), "/etc/shadow"]
+    module = code_stack.tmp / "kassay_snoop.py"
+    module.write_text(SNOOP.format(paths=paths))
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(module).digest
+        job = kc.jobs.wait(kc.jobs.create(_spec(["torch", "s_snoop"], [digest])).id, timeout=180)
+        cases = _cases(kc, job.id)
+    msg = cases["s_snoop"].message
+    assert cases["s_snoop"].status == "error" and "READ" in msg, msg
+    for path in paths:
+        assert f"'{path}': 'PermissionError'" in msg or f"'{path}': 'FileNotFoundError'" in msg, msg
+    if os.geteuid() == 0:  # a user of its own: another sandbox's processes do not count
+        uid = int(re.search(r"'uid': (\d+)", msg).group(1))
+        assert uid >= SANDBOX_UID, msg

@@ -309,6 +309,13 @@ def case_detail(c: CaseResult) -> str:
     head = f"<p><b>{e(c.op)}.{e(c.impl)}</b> <code>{e(c.case_id)}</code> · {e(c.label())}"
     if c.flags:
         head += f" · flags: {e(', '.join(c.flags))}"
+    if c.ran_in == "sandbox":
+        digests = (c.environment.model_extra or {}).get("artifacts") if c.environment else None
+        code = f" (artifacts {e(', '.join(str(d)[:12] for d in digests))})" if digests else ""
+        head += (
+            f" · the job's own code{code}, run in its sandbox: timing and memory measured there, "
+            "the verdict here"
+        )
     head += "</p>"
     message = f"<p class='message'>{e(c.message)}</p>" if c.message else ""
     env = c.environment

@@ -119,12 +119,14 @@ def to_junit(report: Report) -> str:
             tc = ET.SubElement(
                 ts, "testcase", classname=f"{c.op}.{c.impl}", name=c.label(), time=f"{t:.6f}"
             )
-            if c.flags or c.coverage:
+            if c.flags or c.coverage or c.ran_in != "trusted":
                 props = ET.SubElement(tc, "properties")
                 for flag in c.flags:
                     ET.SubElement(props, "property", name=flag, value="true")
                 if c.coverage:
                     ET.SubElement(props, "property", name="added_by_coverage", value=c.coverage)
+                if c.ran_in != "trusted":  # the job's own code: timing measured in its sandbox
+                    ET.SubElement(props, "property", name="ran_in", value=c.ran_in)
             if c.status == "failed":
                 kind = c.flags[0] if c.flags else "tolerance"
                 f = ET.SubElement(tc, "failure", message=c.message[:500], type=kind)
@@ -266,13 +268,21 @@ def to_markdown(report: Report) -> str:
                 if c.memory and c.memory.peak_extra_bytes is not None
                 else "-"
             )
+            where = " (sandbox)" if c.ran_in == "sandbox" else ""
             out.append(
-                f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {c.dtype} | {fmt_device_ms(c)} | "
+                f"| {_md(c.op)}.{_md(c.impl)}{where} | {_md(c.label())} | {c.dtype} | "
+                f"{fmt_device_ms(c)} | "
                 f"{fmt_host_ms(c)} | "
                 f"{t.tflops or 0:.3g} | {t.gbps or 0:.3g} | "
                 f"{(t.roofline_fraction or 0) * 100:.1f}% | "
                 f"{f'{t.speedup_vs_baseline:.2f}x' if t.speedup_vs_baseline else '-'} | {mem} |"
             )
+        if any(c.ran_in == "sandbox" for c in timed):
+            out += [
+                "",
+                "(sandbox): code the job brought, timed and measured in the sandboxed process it "
+                "ran in; judged, like every case, by the trusted executor.",
+            ]
     if report.comparison is not None:
         from kassay.validate.comparison_report import to_markdown as comparison_markdown
 

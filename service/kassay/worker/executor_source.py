@@ -73,6 +73,7 @@ class SandboxedExecutor:
         self.exe: ExecutorProcess | None = None
         self.workdir: str | None = None
         self._paths: dict[str, str] | None = None
+        self._offset: int | None = None
 
     async def _install(self) -> dict[str, str]:
         """digest -> unpacked folder, installing on first use (GroupRefused when one cannot
@@ -90,12 +91,26 @@ class SandboxedExecutor:
                 raise GroupRefused(exc.message) from None
         return paths
 
-    def _fresh_workdir(self) -> str:
+    def _fresh_workdir(self, uid: int) -> str:
         path = tempfile.mkdtemp(prefix="kassay-sandbox-")
         caps = self.sup.sandbox_caps
         if caps is not None and caps.root:
-            os.chown(path, self.sup.sandbox_config.uid, self.sup.sandbox_config.uid)
+            os.chown(path, uid, uid)
         return path
+
+    def _uid(self) -> int:
+        """A user of this sandbox's own (the base uid + the lowest offset no running sandbox
+        of this worker holds): RLIMIT_NPROC counts per user across the host."""
+        if self._offset is None:
+            taken = self.sup.sandbox_uids
+            self._offset = next(i for i in range(len(taken) + 1) if i not in taken)
+            taken.add(self._offset)
+        return self.sup.sandbox_config.uid + self._offset
+
+    def _release_uid(self) -> None:
+        if self._offset is not None:
+            self.sup.sandbox_uids.discard(self._offset)
+            self._offset = None
 
     def _drop_workdir(self) -> None:
         if self.workdir is not None:
@@ -106,13 +121,15 @@ class SandboxedExecutor:
         if self._paths is None:
             self._paths = await self._install()
         await self._discard()
-        self.workdir = self._fresh_workdir()
+        uid = self._uid()
+        self.workdir = self._fresh_workdir(uid)
         from dataclasses import replace
 
         caps = self.sup.sandbox_caps
         config = replace(
             self.sup.sandbox_config,
             workdir=self.workdir,
+            uid=uid,
             # only what the host was seen to allow (a container may refuse namespaces)
             namespaces=bool(caps and caps.namespaces) and self.sup.sandbox_config.namespaces,
             landlock=bool(caps and caps.landlock_abi) and self.sup.sandbox_config.landlock,
@@ -167,3 +184,4 @@ class SandboxedExecutor:
 
     async def close(self) -> None:
         await self._discard()
+        self._release_uid()

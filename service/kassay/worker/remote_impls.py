@@ -13,6 +13,7 @@ here, and nothing it does can reach this process's engine, registry or torch.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -44,6 +45,10 @@ class RemoteImpls:
     ) -> None:
         self.device = device
         self.workdir = workdir
+        config = json.loads(sandbox_json)
+        # the runner reads its artifacts and nothing of the service (kassay.worker.sandbox)
+        config["readable"] = [*config.get("readable", []), *artifact_paths]
+        sandbox_json = json.dumps(config)
         self.args = [
             sys.executable,
             "-m",

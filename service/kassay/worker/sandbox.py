@@ -46,6 +46,8 @@ _SYS_LANDLOCK_RESTRICT_SELF = 446
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 _LANDLOCK_RULE_PATH_BENEATH = 1
 _FS_WRITE_FILE = 1 << 1
+_FS_READ_FILE = 1 << 2
+_FS_READ_DIR = 1 << 3
 _FS_REMOVE_DIR = 1 << 4
 _FS_REMOVE_FILE = 1 << 5
 _FS_MAKE_CHAR = 1 << 6
@@ -72,6 +74,9 @@ _CAP_DAC_READ_SEARCH = 2
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
+
+#: the rights a Landlock rule on a file (not a folder) may carry
+_FILE_RIGHTS = 1 | (1 << 1) | (1 << 2) | (1 << 14)  # execute, write, read, truncate
 
 #: character devices a GPU process opens for writing (besides /dev/null & co)
 _DEVICES = ("null", "zero", "full", "random", "urandom", "tty", "kfd")
@@ -118,11 +123,15 @@ class SandboxConfig:
     nproc: int = 512
     data_bytes: int = 0  # 0: no limit
     fsize_bytes: int = 4 << 30
-    uid: int = 65534  # used only when the worker is root
+    uid: int = 2_100_000_000  # used only when the worker is root
     namespaces: bool = True  # a new network namespace (root only)
     #: and a new PID namespace too (off for a GPU executor: CUDA fails with error 304 in one)
     pid_namespace: bool = True
     landlock: bool = True
+    #: with Landlock, reads too: only Python's installation, `readable` (the artifacts' folders)
+    #: and the system's libraries and devices
+    restrict_reads: bool = True
+    readable: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -170,17 +179,21 @@ class Capabilities:
                 "no PID namespace: a process that leaves the executor's process group can "
                 "outlive it"
             )
+        if not (ll >= 1 and config.restrict_reads):
+            notes.append(
+                "reads are not confined: the code can read what the worker's user can read "
+                "(keep secrets out of files on worker hosts; the environment is scrubbed)"
+            )
         notes.append(
-            "reads are not confined: the code can read what the worker's user can read (keep "
-            "secrets out of files on worker hosts; the environment is scrubbed)"
+            "the code runs apart from the executor that judges it: it hands back outputs, "
+            "timing and memory only; its own timing and memory can be what it says"
         )
-        notes.append("an artifact can forge the results of its own job's cases")
         return {
             "network": network,
             "filesystem": "landlock" if ll >= 1 else "none",
             "processes": "pid-namespace" if pid_ns else "process-group",
             "user": (
-                f"uid {config.uid} (keeps CAP_DAC_READ_SEARCH only)"
+                f"uid {config.uid} and up, one per sandbox (keeps CAP_DAC_READ_SEARCH only)"
                 if self.root
                 else "the worker's user"
             ),
@@ -265,12 +278,60 @@ def _device_paths() -> list[str]:
     return [p for p in paths if os.path.exists(p) and not os.path.isdir(p)]
 
 
-def apply_landlock(writable: list[str], abi: int) -> None:
+#: system files and folders a Python process with torch (and CUDA) reads; /etc only in part
+_SYSTEM_READABLE = (
+    "/usr",
+    "/lib",
+    "/lib64",
+    "/lib32",
+    "/bin",
+    "/sbin",
+    "/opt",
+    "/proc",
+    "/sys",
+    "/dev",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/hosts",
+    "/etc/os-release",
+    "/etc/ssl",
+    "/etc/pki",
+    "/etc/alternatives",
+    "/etc/OpenCL",
+    "/etc/vulkan",
+    "/etc/glvnd",
+)
+
+
+def python_readable() -> list[str]:
+    """What this Python needs to read: its installation (prefixes, the real executable's
+    folder) and every folder on sys.path except the current directory (the worker's, where a
+    service may keep its data)."""
+    cwd = os.path.realpath(os.getcwd())
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    paths.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
+    for entry in sys.path:
+        if entry and os.path.exists(entry) and os.path.realpath(entry) != cwd:
+            paths.add(entry)
+    return sorted(os.path.realpath(p) for p in paths if p)
+
+
+def apply_landlock(writable: list[str], abi: int, readable: list[str] | None = None) -> None:
     """Restrict this process (and what it executes) to writing beneath `writable`, with no TCP
-    (ABI 4+) and no signals or abstract sockets beyond itself (ABI 6+)."""
+    (ABI 4+) and no signals or abstract sockets beyond itself (ABI 6+). With `readable`, reads
+    too: only beneath those, `writable` and the system's libraries and devices
+    (_SYSTEM_READABLE): not the service's data, logs or settings, nor /etc/shadow, whatever
+    the process's capabilities (Landlock applies on top of them)."""
     libc = _libc()
+    reads = _FS_READ_FILE | _FS_READ_DIR if readable is not None else 0
     fs = (
-        _FS_WRITE_FILE
+        reads
+        | _FS_WRITE_FILE
         | _FS_REMOVE_DIR
         | _FS_REMOVE_FILE
         | _FS_MAKE_CHAR
@@ -299,6 +360,10 @@ def apply_landlock(writable: list[str], abi: int) -> None:
     file_rights = _FS_WRITE_FILE | (_FS_TRUNCATE if abi >= 3 else 0)
     try:
         rules = [(path, fs) for path in writable]
+        if readable is not None:
+            rules += [
+                (path, _FS_READ_FILE | _FS_READ_DIR) for path in (*readable, *_SYSTEM_READABLE)
+            ]
         rules += [(path, file_rights) for path in _device_paths()]
         rules.append((f"/proc/{os.getpid()}", file_rights))  # thread names and the like
         for path, rights in rules:
@@ -306,6 +371,8 @@ def apply_landlock(writable: list[str], abi: int) -> None:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except OSError:
                 continue
+            if not os.path.isdir(path):  # a file's rule takes file rights only
+                rights &= _FILE_RIGHTS
             try:
                 rule = _PathBeneathAttr(rights, fd)
                 _check(
@@ -424,7 +491,7 @@ def _exec_confined(cfg: SandboxConfig, argv: list[str], *, root: bool, abi: int)
     if root:
         drop_to_user(cfg.uid)
     if cfg.landlock and abi >= 1:
-        apply_landlock([cfg.workdir], abi)
+        apply_landlock([cfg.workdir], abi, cfg.readable if cfg.restrict_reads else None)
     env = scrubbed_env(dict(os.environ), cfg.workdir)
     os.execve(argv[0], argv, env)
 
@@ -460,6 +527,10 @@ def _init(cfg: SandboxConfig, argv: list[str], abi: int) -> int:
 def launch(cfg: SandboxConfig, argv: list[str]) -> int:
     """Run `argv` (the executor) in the sandbox; returns only where it cannot exec in place."""
     _die_with_parent()
+    if cfg.restrict_reads:  # before anything changes the current directory
+        from dataclasses import replace
+
+        cfg = replace(cfg, readable=[*python_readable(), *cfg.readable])
     root = os.geteuid() == 0
     abi = landlock_abi() if cfg.landlock else 0
     if root and cfg.namespaces:

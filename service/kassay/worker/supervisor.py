@@ -81,6 +81,8 @@ class Supervisor:
             # CUDA does not initialise in a new PID namespace (error 304, seen on the H200)
             self.sandbox_config = dataclasses.replace(self.sandbox_config, pid_namespace=False)
         self.sandbox_caps: Capabilities | None = None
+        #: offsets from sandbox_config.uid held by running sandboxes (one user each)
+        self.sandbox_uids: set[int] = set()
         self.state = State.STARTING
         self.info: dict[str, Any] = {}
         self.ceilings: dict[str, float] | None = None
