@@ -63,6 +63,11 @@ def test_submit_json_and_yaml_get_list(client):
 def test_control_characters_in_headers_and_file_names_are_422(client):
     r = client.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": "k\x01"})
     assert r.status_code == 422
+    # an empty key is no key: refused, not stored (the second such submission was a 500)
+    for _ in range(2):
+        assert (
+            client.post("/v1/jobs", json=SPEC, headers={"Idempotency-Key": ""}).status_code == 422
+        )
     assert client.get("/v1/jobs").json()["items"] == []
 
 

@@ -72,10 +72,18 @@ async def create_job(
     request: Request,
     response: Response,
     svc: Annotated[Services, Depends(services)],
-    idempotency_key: Annotated[str | None, Header(max_length=200, pattern=NO_CONTROL)] = None,
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=200, pattern=NO_CONTROL)
+    ] = None,
 ) -> Job:
     """Submit a job spec (JSON or YAML). The same `Idempotency-Key` returns the same job
     (200 instead of 201)."""
+    if idempotency_key is not None and not idempotency_key.strip():
+        # an empty header passes the header's own checks; as a key it would make the second
+        # submission a unique-key conflict (a 500 schemathesis found)
+        raise InvalidSpecError(
+            "Idempotency-Key must not be empty", details={"loc": ["header", "idempotency-key"]}
+        )
     body = await read_body(request, svc.settings.max_body_bytes)
     t0 = time.perf_counter()
     try:
