@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -126,7 +127,13 @@ def _wait_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--junit", metavar="FILE", help="write the JUnit XML report here")
     p.add_argument("--markdown", metavar="FILE", help="write the Markdown report here")
     p.add_argument("--json", metavar="FILE", help="write the JSON report here")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--html", metavar="FILE", help="write the HTML report here (one file)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
+    p.add_argument(
+        "--cancel-on-timeout",
+        action="store_true",
+        help="cancel the job when --timeout ends the wait (else it keeps running)",
+    )
     p.add_argument(
         "--fail-on-regression",
         action="store_true",
@@ -218,8 +225,14 @@ def _labels(items: list[str]) -> dict[str, str]:
     return out
 
 
+#: seconds between two progress lines of a wait without a terminal (a CI log);
+#: $KASSAY_PROGRESS_S sets it
+PROGRESS_EVERY_S = 10.0
+
+
 def follow(client: Client, job: Job, *, timeout: float | None = None, quiet: bool = False) -> Job:
-    """Wait for a job with a rich progress bar on stderr."""
+    """Wait for a job: a rich progress bar on a terminal, else a progress line on stderr every
+    PROGRESS_EVERY_S (done/total, failed so far), as a CI log wants."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -227,6 +240,8 @@ def follow(client: Client, job: Job, *, timeout: float | None = None, quiet: boo
 
     if quiet:
         return client.jobs.wait(job.id, timeout=timeout)
+    if not sys.stderr.isatty():
+        return _follow_plain(client, job, timeout=timeout)
     console = Console(stderr=True)
     counts: dict[str, int] = {}
     with Progress(
@@ -263,6 +278,110 @@ def follow(client: Client, job: Job, *, timeout: float | None = None, quiet: boo
                 bar.update(task, completed=p.done, counts=_counts_text(snap))
 
         return client.jobs.wait(job.id, timeout=timeout, on_event=on_event)
+
+
+def _follow_plain(client: Client, job: Job, *, timeout: float | None) -> Job:
+    import threading
+
+    from kassay_client.models import JobEvent
+
+    state = {"done": job.progress.done, "total": job.progress.total, "failed": 0, "errors": 0}
+    t0 = time.monotonic()
+    stop = threading.Event()
+
+    def line() -> None:
+        print(
+            f"kassay: {state['done']}/{state['total']} cases done, {state['failed']} failed, "
+            f"{state['errors']} error/crashed/timeout ({time.monotonic() - t0:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    every = float(os.environ.get("KASSAY_PROGRESS_S") or PROGRESS_EVERY_S)
+
+    def tick() -> None:
+        while not stop.wait(every):
+            line()
+
+    def on_event(event: JobEvent) -> None:
+        if event.result is not None:
+            state["done"] += 1
+            state["failed"] += event.result.status == "failed"
+            state["errors"] += event.result.status in ("error", "crashed", "timeout")
+        elif event.job is not None:
+            p = event.job.progress
+            state.update(
+                done=p.done, total=p.total, failed=p.failed, errors=p.error + p.crashed + p.timeout
+            )
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        return client.jobs.wait(job.id, timeout=timeout, on_event=on_event)
+    finally:
+        stop.set()
+
+
+def ci_log(report: Report, *, job_url: str, exit_code: int, max_lines: int = 60) -> list[str]:
+    """The end of a CI log, as pytest writes one: every case that did not pass, one line each
+    (its short name and what broke, by how much), then the regressions the same way, then one
+    summary line with the job page's URL."""
+    order = {"failed": 0, "error": 1, "crashed": 2, "timeout": 3}
+    bad = sorted((c for c in report.cases if c.status in order), key=lambda c: order[c.status])
+    out = []
+    for c in bad[:max_lines]:
+        out.append(f"{c.status.upper():8} {_name(c)}: {_broke(c)}")
+    if len(bad) > max_lines:
+        out.append(f"... {len(bad) - max_lines} more not passing: see the report")
+    names = {c.case_id: _name(c) for c in report.cases}
+    comp = report.comparison
+    regressed = [e for e in comp.cases if e.regression] if comp is not None else []
+    for e in regressed[:max_lines]:
+        who = names.get(e.case_id or "") or f"{e.op}.{e.impl} {e.case_id or e.to_case_id}"
+        out.append(f"REGRESSION {who}: {'; '.join(e.reasons)[:300]}")
+    if len(regressed) > max_lines:
+        out.append(f"... {len(regressed) - max_lines} more regressions: see the report")
+    s = report.summary
+    parts = [
+        f"{n} {k}"
+        for k, n in (
+            ("failed", s.failed),
+            ("error", s.error),
+            ("crashed", s.crashed),
+            ("timeout", s.timeout),
+            ("passed", s.passed),
+            ("unsupported", s.unsupported),
+            ("skipped", s.skipped),
+        )
+        if n
+    ]
+    if comp is not None:
+        found = f"{len(regressed)} regression(s)" if regressed else "no regression"
+        parts.append(f"{found} against {comp.to_name} {comp.to_job_id}")
+    if s.cancelled:
+        parts.append("cancelled")
+    out.append(
+        f"kassay: {', '.join(parts) or 'no cases'} · {s.total} cases · exit {exit_code} · {job_url}"
+    )
+    return out
+
+
+def _name(c: Any) -> str:
+    return c.name or f"{c.op}.{c.impl} " + ",".join(f"{k}={v}" for k, v in c.params.items())
+
+
+def _broke(c: Any) -> str:
+    """The limit a failed case broke and by how much, else its message's first reason."""
+    if c.status == "failed":
+        for o in c.outputs:
+            if o.get("passed", True):
+                continue
+            for metric in ("max_abs", "rel_l2"):
+                value, limit = o.get(metric), o.get(f"threshold_{metric}")
+                if isinstance(value, float) and isinstance(limit, float) and value > limit:
+                    return f"{o.get('name')} {metric} {value:.3g} > limit {limit:.3g}"
+            return f"{o.get('name')}: {str(o.get('reason', '')).split('; ')[0]}"[:300]
+    return c.message.split("\n")[0][:300]
 
 
 def _counts_text(counts: dict[str, int]) -> str:
@@ -347,8 +466,14 @@ def write_reports(
     junit: str | None = None,
     markdown: str | None = None,
     json_path: str | None = None,
+    html: str | None = None,
 ) -> None:
-    for fmt, path in (("junit", junit), ("markdown", markdown), ("json", json_path)):
+    for fmt, path in (
+        ("junit", junit),
+        ("markdown", markdown),
+        ("json", json_path),
+        ("html", html),
+    ):
         if not path:
             continue
         r = client.request("GET", f"/v1/jobs/{job_id}/report", params={"format": fmt})
@@ -376,20 +501,40 @@ def finish(client: Client, job: Job, args: argparse.Namespace) -> int:
     code."""
     from rich.console import Console
 
-    job = follow(client, job, timeout=args.timeout, quiet=args.quiet)
+    from kassay_client.errors import WaitTimeoutError
+
+    try:
+        job = follow(client, job, timeout=args.timeout, quiet=args.quiet)
+    except WaitTimeoutError:
+        if getattr(args, "cancel_on_timeout", False):
+            client.jobs.cancel(job.id)
+            print(f"kassay: cancelled job {job.id} after {args.timeout:g} s", file=sys.stderr)
+        raise
     report = client.jobs.report(job.id)
-    Console().print(summary_table(report))
-    verdict = _verdict(report)
-    if verdict is not None:
-        print(verdict, file=sys.stderr)
-    else:
-        _note_no_comparison(client, job.id)
-    write_reports(client, job.id, junit=args.junit, markdown=args.markdown, json_path=args.json)
     code = exit_code(job)
     regressed = report.comparison is not None and report.comparison.regression
     if code == EXIT_PASSED and regressed and getattr(args, "fail_on_regression", False):
         code = EXIT_REGRESSION
-    print(f"job {job.id} {job.state}: exit {code}", file=sys.stderr)
+    write_reports(
+        client,
+        job.id,
+        junit=args.junit,
+        markdown=args.markdown,
+        json_path=args.json,
+        html=getattr(args, "html", None),
+    )
+    if report.comparison is None:
+        _note_no_comparison(client, job.id)
+    url = f"{client.base_url}/jobs/{job.id}"
+    if not sys.stdout.isatty():  # a CI log: failures first, one line each, then the summary
+        for text in ci_log(report, job_url=url, exit_code=code):
+            print(text)
+        return code
+    Console().print(summary_table(report))
+    verdict = _verdict(report)
+    if verdict is not None:
+        print(verdict, file=sys.stderr)
+    print(f"job {job.id} {job.state}: exit {code}  {url}", file=sys.stderr)
     return code
 
 
@@ -440,10 +585,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
         )
         print(
             f"job {job.id} {job.state}: {job.progress.total} cases  "
-            f"{client.base_url}{job.links.get('self', '')}",
+            f"{client.base_url}/jobs/{job.id}",
             file=sys.stderr,
         )
-        if not (args.wait or args.junit or args.markdown or args.json):
+        if not (args.wait or args.junit or args.markdown or args.json or args.html):
             print(job.id)
             return EXIT_PASSED
         return finish(client, job, args)

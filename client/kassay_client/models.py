@@ -80,6 +80,8 @@ class CaseResult(_Model):
     #: "trusted" (the executor that judged it) or "sandbox" (code the job brought, run apart;
     #: its timing and memory were measured there)
     ran_in: str = "trusted"
+    #: a short name within the report: op.impl and the params that vary within its suite
+    name: str = ""
 
 
 class Summary(_Model):

@@ -59,7 +59,7 @@ def _submit(procs, url: str, spec: Path, *args: str) -> tuple[int, str]:
         env=procs.env(),
         timeout=300,
     )
-    return r.returncode, r.stderr
+    return r.returncode, r.stdout + r.stderr  # piped: the CI log's summary is on stdout
 
 
 def _slowable(comparison) -> dict:

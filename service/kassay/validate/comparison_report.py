@@ -33,7 +33,9 @@ def junit_message(e: CaseComparison) -> str:
     return "; ".join(e.reasons)
 
 
-def to_markdown(c: Comparison, *, heading: str = "##") -> str:
+def to_markdown(c: Comparison, *, heading: str = "##", names: dict[str, str] | None = None) -> str:
+    """The comparison as Markdown; `names`: case_id -> short name (kassay.validate.names) of
+    this job's cases, used where one is known instead of the full params."""
     s = c.summary
     icon = "❌" if c.regression else "✅"
     target = f"{_md(c.to_name)} {_md(c.to_job_id or '')}"
@@ -79,8 +81,10 @@ def to_markdown(c: Comparison, *, heading: str = "##") -> str:
             if e.memory is not None and e.memory.verdict == "less":
                 what = [*what, f"less memory: {e.memory.before_bytes} → {e.memory.after_bytes} B"]
             mark = "❌ " if e.regression else ""
+            short = (names or {}).get(e.case_id or "")
+            case = short.removeprefix(f"{e.op}.{e.impl}").strip() if short else _case_label(e)
             out.append(
-                f"| {mark}{_md(e.op)}.{_md(e.impl)} | {_md(_case_label(e))} | {_md(e.dtype)} | "
+                f"| {mark}{_md(e.op)}.{_md(e.impl)} | {_md(case or '-')} | {_md(e.dtype)} | "
                 f"{_md(status)} | {_speed(e)} | {_md('; '.join(what), 400) or '-'} |"
             )
         if len(changed) > MAX_ROWS:

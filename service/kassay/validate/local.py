@@ -9,7 +9,7 @@ from kassay.errors import InvalidSpecError
 from kassay.validate.case_result import case_result
 from kassay.validate.engine import run_group
 from kassay.validate.env import environment, resolve_device
-from kassay.validate.results import CaseResult, Report, Summary
+from kassay.validate.results import CaseResult, Report, Summary, named
 from kassay.validate.spec import DEFAULT_MAX_CASES, JobSpec, expand, local_impl_check
 
 
@@ -66,5 +66,5 @@ def run_job(
         finished_at=datetime.now(timezone.utc),
         environments=[env],
         summary=Summary.of(cases),
-        cases=cases,
+        cases=named(cases),
     )

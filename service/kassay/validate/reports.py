@@ -117,7 +117,12 @@ def to_junit(report: Report) -> str:
         for c in cases:
             t = c.timing.median_ms / 1e3 if c.timing else c.duration_s
             tc = ET.SubElement(
-                ts, "testcase", classname=f"{c.op}.{c.impl}", name=c.label(), time=f"{t:.6f}"
+                ts,
+                "testcase",
+                classname=f"{c.op}.{c.impl}",
+                # the short name without op.impl (the classname has them)
+                name=c.name.removeprefix(f"{c.op}.{c.impl}").strip() or c.label(),
+                time=f"{t:.6f}",
             )
             if c.flags or c.coverage or c.ran_in != "trusted":
                 props = ET.SubElement(tc, "properties")
@@ -196,22 +201,81 @@ def fmt_host_ms(c: CaseResult) -> str:
     return f"{t.host_overhead_ms:.3f}"
 
 
-def to_markdown(report: Report) -> str:
+def what_broke(c: CaseResult) -> str:
+    """One phrase: the limit a failed case's first failing output broke and by how much
+    (`grad_input max_abs 390 > limit 1.57e-05`), else the first reason of its message."""
+    for o in c.outputs:
+        if o.passed:
+            continue
+        for metric, limit in (
+            ("max_abs", o.threshold_max_abs),
+            ("rel_l2", o.threshold_rel_l2),
+        ):
+            value = getattr(o, metric)
+            if limit is not None and value == value and value > limit:
+                return f"{o.name} {metric} {value:.3g} > limit {limit:.3g}"
+        return f"{o.name}: {o.reason.split('; ')[0]}"[:200]
+    return c.message.split("; ")[0][:200]
+
+
+def _regressions(report: Report) -> int:
+    return report.comparison.summary.regressions if report.comparison is not None else 0
+
+
+def headline(report: Report) -> str:
+    """The verdict in a line: ok or not, what broke and how many regressions."""
     s = report.summary
-    icon = "✅" if s.ok else "❌"
-    out = [f"## {icon} kassay: {_md(report.name)}", ""]
+    bad = s.failed + s.error + s.crashed + s.timeout
+    parts = [f"{s.failed} failed"] if s.failed else []
+    parts += [f"{n} {k}" for k, n in (("error", s.error), ("crashed", s.crashed)) if n]
+    parts += [f"{s.timeout} timeout"] if s.timeout else []
+    reg = _regressions(report)
+    if reg:
+        parts.append(f"{reg} regression(s)")
+    if s.cancelled:
+        parts.append("cancelled")
+    if not parts:
+        return f"all {s.passed} passed" + (" · no regression" if report.comparison else "")
+    return " · ".join(parts) + f" of {s.total}" if bad or reg else " · ".join(parts)
+
+
+def to_markdown(report: Report) -> str:
+    """A PR comment / CI step summary that leads with the verdict: what failed and regressed,
+    with numbers, then the details folded (`<details>`)."""
+    s = report.summary
+    icon = "✅" if s.ok and not _regressions(report) else "❌"
+    out = [f"## {icon} kassay: {_md(report.name)} — {_md(headline(report))}", ""]
     if report.labels:
         out.append(" · ".join(f"{_md(k)}={_md(v)}" for k, v in sorted(report.labels.items())))
         out.append("")
-    out.append(
+    counts = (
         f"**{s.total} cases**: {s.passed} passed, {s.failed} failed, {s.error} error, "
         f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
         f"{s.skipped} skipped"
     )
+    if report.comparison is not None:
+        counts += f"; **{_regressions(report)} regression(s)**"
+    out.append(counts)
     if checks_line(s):
         out.append("")
         out.append(f"**Checks**: {checks_line(s)}")
-    out.append("")
+    bad = [c for c in report.cases if c.status in ("failed", "error", "crashed", "timeout")]
+    if bad:
+        out += ["", "### Not passing", "", "| case | status | what broke |", "|---|---|---|"]
+        for c in bad[:50]:
+            detail = what_broke(c) if c.status == "failed" else c.message
+            out.append(f"| {_md(c.display())} | {_md(status_text(c))} | {_md(detail)} |")
+        if len(bad) > 50:
+            out.append(f"| … {len(bad) - 50} more | | |")
+    if report.comparison is not None:
+        from kassay.validate.comparison_report import to_markdown as comparison_markdown
+
+        names = {c.case_id: c.name for c in report.cases if c.name}
+        out += [
+            "",
+            comparison_markdown(report.comparison, heading="###", names=names).rstrip("\n"),
+        ]
+    out += ["", "<details><summary>Per impl, notes and timing</summary>", ""]
     out += [
         "| op | impl | cases | passed | failed | error/crash/timeout | unsupported |",
         "|---|---|---|---|---|---|---|",
@@ -226,39 +290,22 @@ def to_markdown(report: Report) -> str:
             f"{sum(c.status in ('error', 'crashed', 'timeout') for c in cs)} | "
             f"{sum(c.status in ('unsupported', 'skipped') for c in cs)} |"
         )
-    bad = [c for c in report.cases if c.status in ("failed", "error", "crashed", "timeout")]
-    if bad:
-        out += [
-            "",
-            "### Not passing",
-            "",
-            "| op.impl | case | status | worst |",
-            "|---|---|---|---|",
-        ]
-        for c in bad[:50]:
-            detail = worst_output(c) if c.status == "failed" else c.message
-            out.append(
-                f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {_md(status_text(c))} | "
-                f"{_md(detail)} |"
-            )
-        if len(bad) > 50:
-            out.append(f"| … | {len(bad) - 50} more | | |")
     noted = [c for c in report.cases if c.status == "passed" and c.message]
     if noted:
-        out += ["", "### Notes on passing cases", "", "| op.impl | case | note |", "|---|---|---|"]
+        out += ["", "#### Notes on passing cases", "", "| case | note |", "|---|---|"]
         for c in noted[:50]:
-            out.append(f"| {_md(c.op)}.{_md(c.impl)} | {_md(c.label())} | {_md(c.message, 400)} |")
+            out.append(f"| {_md(c.display())} | {_md(c.message, 400)} |")
         if len(noted) > 50:
-            out.append(f"| … | {len(noted) - 50} more | |")
+            out.append(f"| … {len(noted) - 50} more | |")
     timed = [c for c in report.cases if c.timing]
     if timed:
         out += [
             "",
-            "### Timing",
+            "#### Timing",
             "",
-            "| op.impl | case | dtype | device ms | host overhead ms | TFLOP/s | GB/s | "
+            "| case | dtype | device ms | host overhead ms | TFLOP/s | GB/s | "
             "roofline | vs baseline | peak extra MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for c in timed[:100]:
             t = c.timing
@@ -270,8 +317,7 @@ def to_markdown(report: Report) -> str:
             )
             where = " (sandbox)" if c.ran_in == "sandbox" else ""
             out.append(
-                f"| {_md(c.op)}.{_md(c.impl)}{where} | {_md(c.label())} | {c.dtype} | "
-                f"{fmt_device_ms(c)} | "
+                f"| {_md(c.display())}{where} | {c.dtype} | {fmt_device_ms(c)} | "
                 f"{fmt_host_ms(c)} | "
                 f"{t.tflops or 0:.3g} | {t.gbps or 0:.3g} | "
                 f"{(t.roofline_fraction or 0) * 100:.1f}% | "
@@ -283,10 +329,7 @@ def to_markdown(report: Report) -> str:
                 "(sandbox): code the job brought, timed and measured in the sandboxed process it "
                 "ran in; judged, like every case, by the trusted executor.",
             ]
-    if report.comparison is not None:
-        from kassay.validate.comparison_report import to_markdown as comparison_markdown
-
-        out += ["", comparison_markdown(report.comparison, heading="###").rstrip("\n")]
+    out += ["", "</details>"]
     if report.environments:
         e = report.environments[0]
         out += [

@@ -178,6 +178,12 @@ class CaseResult(BaseModel):
     # (e.g. "ragged sizes", "regime fa2_inf", "options bias+softcap").
     coverage: str = ""
     flags: list[str] = Field(default_factory=list)  # a subset of FLAGS
+    name: str = Field(
+        "",
+        description="a short name within its report: op.impl, the params that vary within its "
+        "suite, the regime and seed where those vary, why coverage added it "
+        "(kassay.validate.names); set when a report is made. The case key stays the identity",
+    )
     ran_in: Literal["trusted", "sandbox"] = Field(
         "trusted",
         description="where the impl's code ran: `trusted` (the executor that judges it: "
@@ -185,6 +191,10 @@ class CaseResult(BaseModel):
         "sandboxed process; its timing and memory were measured there, its verdict here); the "
         "artifacts' digests are in the environment",
     )
+
+    def display(self) -> str:
+        """The short name when the report gave one, else op.impl and the full label."""
+        return self.name or f"{self.op}.{self.impl} {self.label()}"
 
     def label(self) -> str:
         p = ",".join(f"{k}={v}" for k, v in self.params.items())
@@ -226,6 +236,16 @@ class Summary(BaseModel):
             s.failed == 0 and s.error == 0 and s.crashed == 0 and s.timeout == 0 and not cancelled
         )
         return s
+
+
+def named(cases: list[CaseResult]) -> list[CaseResult]:
+    """`cases` with their short names set (kassay.validate.names), in place."""
+    from kassay.validate.names import short_names
+
+    names = short_names(cases)
+    for c in cases:
+        c.name = names.get(c.case_id, "")
+    return cases
 
 
 class Report(BaseModel):

@@ -14,7 +14,7 @@ from kassay.api.store.history import index_results
 from kassay.api.store.jobs import Jobs
 from kassay.api.tables import cases, groups, jobs
 from kassay.validate.case_result import case_result
-from kassay.validate.results import CaseResult, Environment, Report, Status, Summary
+from kassay.validate.results import CaseResult, Environment, Report, Status, Summary, named
 from kassay.validate.spec import GroupSpec
 
 
@@ -108,7 +108,7 @@ class Results:
         from datetime import datetime, timezone
 
         job = self.jobs.require_job(job_id, full=True)
-        results = self.case_results(job_id)
+        results = named(self.case_results(job_id))
 
         def ts(t: float | None) -> datetime | None:
             return datetime.fromtimestamp(t, timezone.utc) if t is not None else None
