@@ -5,7 +5,6 @@ line with the job page's URL."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
