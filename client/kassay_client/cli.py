@@ -100,6 +100,15 @@ def register(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_jobs)
 
+    p = sub.add_parser(
+        "impls",
+        help="list the ops and impls the server's workers offer (mutants and correct "
+        "alternatives only where the server runs with KASSAY_ENABLE_MUTANTS)",
+    )
+    _server_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    p.set_defaults(func=cmd_impls)
+
     p = sub.add_parser("report", help="print or save a job's report")
     _server_args(p)
     p.add_argument("job_id")
@@ -685,6 +694,33 @@ def cmd_jobs(args: argparse.Namespace) -> int:
             ",".join(f"{k}={v}" for k, v in j.labels.items()),
         )
     Console().print(table)
+    return EXIT_PASSED
+
+
+@_guarded
+def cmd_impls(args: argparse.Namespace) -> int:
+    """The ops and impls the server's workers offer, with their kinds and which workers."""
+    with _client(args) as client:
+        workers = client.workers.list()
+    offered: dict[tuple[str, str], tuple[str, list[str]]] = {}
+    for w in workers:
+        for op, names in w.ops.items():
+            for name in names:
+                kind = w.impl_kinds.get(op, {}).get(name, "")
+                offered.setdefault((op, name), (kind, []))[1].append(w.address)
+    if args.json:
+        rows = [
+            {"op": op, "impl": name, "kind": kind, "workers": ws}
+            for (op, name), (kind, ws) in sorted(offered.items())
+        ]
+        print(json.dumps(rows, indent=2))
+        return EXIT_PASSED
+    if not offered:
+        print("kassay: no worker has described itself yet", file=sys.stderr)
+        return EXIT_ERROR
+    for (op, name), (kind, ws) in sorted(offered.items()):
+        where = "all workers" if len(ws) == len(workers) else ", ".join(ws)
+        print(f"{op:10} {name:24} {kind:11} {where}")
     return EXIT_PASSED
 
 

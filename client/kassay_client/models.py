@@ -205,6 +205,7 @@ class Worker(_Model):
     device_name: str | None = None
     memory_bytes: int | None = None
     ops: dict[str, list[str]] = Field(default_factory=dict)
+    impl_kinds: dict[str, dict[str, str]] = Field(default_factory=dict)  # op -> impl -> kind
     running: list[str] = Field(default_factory=list)
     last_seen: datetime | None = None
     last_error: str | None = None

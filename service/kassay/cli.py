@@ -63,6 +63,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `kassay jobs --json | head`: the reader left; no traceback (Python's documented way:
+        # point stdout at /dev/null so the interpreter's final flush does not raise again)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except Exception as exc:
+        from pydantic import ValidationError
+
+        if not isinstance(exc, ValidationError) or exc.title != "Settings":
+            raise
+        # a bad KASSAY_* value: one line per setting, exit 2 like every other refusal
+        for err in exc.errors():
+            name = "KASSAY_" + "_".join(str(p) for p in err["loc"]).upper()
+            print(f"kassay: bad setting {name}: {err['msg']}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

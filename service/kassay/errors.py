@@ -35,6 +35,16 @@ class UnknownOpError(InvalidSpecError):
     """The spec names an op that is not registered; details list the known ones."""
 
 
+def did_you_mean(name: str, known: list[str] | tuple[str, ...]) -> str:
+    """ " (did you mean 'x'?)" for the closest known names, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=2, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+
+
 class UnknownImplError(InvalidSpecError):
     """The spec names an impl that is not registered for the op; details list the known ones."""
 

@@ -72,3 +72,46 @@ def test_a_piped_wait_writes_a_short_log_with_failures_first(procs, tmp_path: Pa
     assert f"{api.extra['url']}/jobs/job_" in summary, summary
     assert "cases done" in progress and "failed" in progress, progress
     assert "Traceback" not in progress
+
+
+def test_operations_the_cli_owes_a_ci_user(procs, tmp_path: Path) -> None:
+    """`kassay impls`, a "did you mean" on a misspelt impl, no traceback on a closed pipe, and a
+    bad setting in one line with exit 2."""
+    w = procs.worker()
+    api = procs.api([w])
+    try:
+        procs.wait_ready(api, w)
+        env = procs.env({"KASSAY_SERVER": api.extra["url"], "KASSAY_TOKEN": procs.write_token})
+        kassay = [sys.executable, "-m", "kassay.cli"]
+        impls = subprocess.run([*kassay, "impls"], env=env, capture_output=True, text=True)
+        assert impls.returncode == 0, impls.stderr
+        rows = [line.split() for line in impls.stdout.splitlines()]
+        assert ["lse_merge", "torch", "builtin", "all", "workers"] in rows, impls.stdout
+        assert not any(r[2] == "mutant" for r in rows)  # not without KASSAY_ENABLE_MUTANTS
+        bad = dict(SPEC, suites=[dict(SPEC["suites"][0], impls=["tourch"])])
+        spec = tmp_path / "bad.yaml"
+        spec.write_text(yaml.safe_dump(bad))
+        r = subprocess.run([*kassay, "submit", str(spec)], env=env, capture_output=True, text=True)
+        assert r.returncode == 2 and "did you mean 'torch'?" in r.stderr, r.stderr
+        # the reader is gone before kassay writes (`| true`): a closed pipe, as `| head` makes
+        piped = subprocess.run(
+            " ".join([*kassay, "impls", "--json"]) + " | true",
+            shell=True,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert "Traceback" not in piped.stderr and "BrokenPipe" not in piped.stderr, piped.stderr
+    finally:
+        api.stop()
+        w.stop()
+    refused = subprocess.run(
+        [sys.executable, "-m", "kassay.cli", "api", "--port", "1"],
+        env=procs.env({"KASSAY_MAX_CASES": "-1"}),
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        "kassay: bad setting KASSAY_MAX_CASES: Input should be greater than 0"
+    ), refused.stderr

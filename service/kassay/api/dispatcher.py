@@ -83,6 +83,7 @@ class WorkerLink:
     memory_free_bytes: int | None = None
     max_run_groups: int | None = None  # the worker's cap on groups per Run
     ops: dict[str, list[str]] = field(default_factory=dict)
+    impl_kinds: dict[str, dict[str, str]] = field(default_factory=dict)  # op -> impl -> kind
     environment: dict[str, Any] | None = None
     sandbox: dict[str, Any] | None = None  # what its Describe says of the artifact sandbox
     last_seen: float | None = None
@@ -105,6 +106,7 @@ class WorkerLink:
             device_name=self.device_name,
             memory_bytes=self.memory_bytes,
             ops=self.ops,
+            impl_kinds=self.impl_kinds,
             running=[f"{j}/{g}" for j, g in self.running.values()],
             last_seen=(
                 datetime.fromtimestamp(self.last_seen, timezone.utc) if self.last_seen else None
@@ -324,9 +326,18 @@ class Dispatcher:
         link.memory_free_bytes = int(resp.memory_free_bytes) or None
         link.max_run_groups = int(resp.max_run_groups) or None
         mutants = self.settings.enable_mutants
-        link.ops = {
-            op.name: [i.name for i in op.impls if mutants or i.kind != "mutant"] for op in resp.ops
-        }
+        # the self-test's corpora (mutants, correct alternatives) only where the API offers them
+        offered = [
+            (op.name, i)
+            for op in resp.ops
+            for i in op.impls
+            if mutants or i.kind not in ("mutant", "alternative")
+        ]
+        link.ops = {op.name: [] for op in resp.ops}
+        link.impl_kinds = {}
+        for op_name, i in offered:
+            link.ops[op_name].append(i.name)
+            link.impl_kinds.setdefault(op_name, {})[i.name] = i.kind
         if resp.HasField("sandbox"):
             from kassay.worker.convert import read
 

@@ -81,6 +81,10 @@ class WorkerInfo(BaseModel):
     device_name: str | None = None
     memory_bytes: int | None = None
     ops: dict[str, list[str]] = Field(default_factory=dict, description="op -> impl names")
+    impl_kinds: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="op -> impl -> kind (builtin, peer, plugin, mutant, alternative, testing)",
+    )
     running: list[str] = Field(
         default_factory=list,
         description="job_id/group_id in flight (never the run ids the worker knows them by: "

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kassay.api.store import JobRecord, Store, body_hash
-from kassay.errors import InvalidSpecError, KassayError, ResourceError, UnknownImplError
+from kassay.errors import (
+    InvalidSpecError,
+    KassayError,
+    ResourceError,
+    UnknownImplError,
+    did_you_mean,
+)
 from kassay.settings import Settings
 from kassay.validate.case_result import case_dtype
 from kassay.validate.spec import GroupSpec, JobSpec, expand, parse_spec
@@ -90,8 +96,10 @@ def _check_impls(spec: JobSpec, workers: WorkerCatalog) -> None:
             if name not in offered:
                 known = sorted(offered)
                 raise UnknownImplError(
-                    f"suites.{si}.impls: no worker offers impl {name!r} for op {suite.op!r}; "
-                    f"known impls: {', '.join(known) or '(none)'}",
+                    f"suites.{si}.impls: no worker offers impl {name!r} for op {suite.op!r}"
+                    f"{did_you_mean(name, known)}; known impls: {', '.join(known) or '(none)'} "
+                    "(`kassay impls` lists them; mutants need KASSAY_ENABLE_MUTANTS on the API "
+                    "and its workers)",
                     details={"loc": ["suites", si, "impls"], "op": suite.op, "allowed": known},
                 )
 

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import torch
 
-from kassay.errors import UnknownImplError
+from kassay.errors import UnknownImplError, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,8 @@ def get_impl(
             )
         ]
         raise UnknownImplError(
-            f"unknown impl {name!r} for op {op!r}; known impls: {', '.join(known) or '(none)'}",
+            f"unknown impl {name!r} for op {op!r}{did_you_mean(name, known)}; known impls: "
+            f"{', '.join(known) or '(none)'}",
             details={"field": "impls", "op": op, "allowed": known},
         )
     return impl
