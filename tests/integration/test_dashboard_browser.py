@@ -286,18 +286,28 @@ def test_job_page_plots_points_and_failed_limit(
     job_id = jobs["second"]
     report = server.report(job_id)
     page.goto(f"{server.url}/jobs/{job_id}")
-    page.wait_for_function("window.kassayCharts && window.kassayCharts.length === 6")
+    page.wait_for_function("window.kassayCharts && window.kassayCharts.length === 4")
     rendered = {(c["suite"], c["plot"]): c["points"] for c in page.evaluate(RENDERED_POINTS)}
-    assert rendered == _expected_points(report)
-    # a CPU worker measures no peak memory: that plot is empty (and says so)
-    assert all(n > 0 for (_, plot), n in rendered.items() if plot != "memory")
+    expected = _expected_points(report)
+    # a CPU worker measures no peak memory: no memory chart at all (no empty charts)
+    assert {k: n for k, n in expected.items() if k[1] != "memory"} == rendered
+    assert all(n == 0 for k, n in expected.items() if k[1] == "memory")
+    assert all(n > 0 for n in rendered.values())
     # error on a log axis; speed in TFLOP/s or GB/s, with the roofline fraction a menu choice
     axes = page.evaluate(
         "() => window.kassayCharts.map(c => [c.plot, c.chart.options.scales.y.type,"
         " c.chart.options.scales.y.title.text])"
     )
     assert {t for p, t, _ in axes if p == "error"} == {"logarithmic"}
-    assert {y for p, _, y in axes if p == "speed"} <= {"TFLOP/s", "GB/s"}
+    # the natural unit per op (Op.speed_unit): flce in TFLOP/s, the memory-bound lse_merge in
+    # GB/s (TFLOP/s drew it flat at 0)
+    assert [y for p, _, y in axes if p == "speed"] == ["TFLOP/s", "GB/s"]
+    # an exact result (rel-L2 0) sits on a tick that says so, not at 1e-18
+    ticks = page.evaluate(
+        "() => window.kassayCharts.filter(c => c.plot === 'error')"
+        ".map(c => c.chart.scales.y.ticks.map(t => t.label))"
+    )
+    assert all("1e-18" not in t for ts in ticks for t in ts), ticks
     menus = page.locator("select[aria-label='speed metric']")
     assert menus.count() == 2 and "% of roofline" in menus.first.inner_text()
     # only what varies within the flce suite gets a column: V and label_smoothing, not N or H
@@ -429,11 +439,54 @@ def test_docs_and_html_report_work_offline(
     path = tmp_path / "report.html"
     path.write_text(html)
     page.goto(path.as_uri())
-    page.wait_for_function("window.kassayCharts && window.kassayCharts.length === 6")
+    page.wait_for_function("window.kassayCharts && window.kassayCharts.length === 4")
     first = page.locator("tbody.case[data-status='failed']").first
     first.locator("tr.row").click()
     assert "failed limit" in first.locator("tr.detail").inner_text()
     _shot(page, "report-html")
+
+
+def test_pages_fit_1440_px_and_failures_come_first(
+    browser: Any, server: Server, jobs: dict[str, str], tmp_path: Path
+) -> None:
+    """#32: the first screen answers it: no horizontal scroll at a 1,440 px window on the jobs
+    list, a job page, the HTML report and /history; on a job page the failures come before the
+    suites, the comparison and the environment."""
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    w = Watched(page, server.url)
+    page.goto(f"{server.url}/login")
+    page.fill("#token", READ)
+    page.click("button[type=submit]")
+    html = server.http.get(f"/v1/jobs/{jobs['second']}/report?format=html").text
+    report_file = tmp_path / "report.html"
+    report_file.write_text(html)
+    urls = [
+        f"{server.url}/",
+        f"{server.url}/jobs/{jobs['second']}",
+        report_file.as_uri(),
+        f"{server.url}/history?labels=branch=main",
+    ]
+    wide = {}
+    for url in urls:
+        page.goto(url)
+        page.wait_for_load_state("load")
+        wide[url] = page.evaluate("() => document.documentElement.scrollWidth")
+    assert all(v <= 1440 for v in wide.values()), wide
+    page.goto(f"{server.url}/jobs/{jobs['second']}")
+    order = page.evaluate(
+        """() => ["section.failures", "section.suite", "h2"].map(s => {
+          const el = Array.from(document.querySelectorAll(s)).find(x =>
+            s !== "h2" || x.textContent === "Environment");
+          return el ? el.getBoundingClientRect().top + window.scrollY : null; })"""
+    )
+    assert order[0] is not None and order[0] < order[1] < order[2], order
+    _shot(page, "job-first-screen")
+    page.goto(f"{server.url}/history?labels=branch=main")
+    assert "Broken now" in page.locator("main").inner_text()
+    _shot(page, "history-overview")
+    w.check()
+    context.close()
 
 
 def test_sign_out_locks_the_pages_again(signed_in: Watched, server: Server) -> None:

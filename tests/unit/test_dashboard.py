@@ -187,6 +187,28 @@ def test_the_history_page_marks_the_regression_against_the_job_before(tmp_path: 
     assert jobs[1] in item and "slower: x1.200" in item
 
 
+def test_the_history_overview_lists_what_is_broken_now_and_since_when(tmp_path: Path) -> None:
+    """#32: "since when" without picking case keys one by one: every case key broken in the
+    latest job of a labelled series, with the commit where its run of broken jobs started."""
+    with _client(tmp_path) as c:
+        finished_job(c, {"branch": "main"}, commit="good1")
+        finished_job(c, {"branch": "main"}, commit="bad1", torch_status="failed")
+        finished_job(c, {"branch": "main"}, commit="bad2", torch_status="failed")
+        finished_job(c, {"branch": "pr"}, commit="other", torch_status="error")
+        page = c.get("/history", params={"labels": "branch=main"}).text
+        fixed = finished_job(c, {"branch": "main"}, commit="good2")
+        after = c.get("/history", params={"labels": "branch=main"}).text
+    (table,) = re.findall(r"<table class='broken'>(.*?)</table>", page, re.S)
+    rows = re.findall(
+        r"<tr><td>(.*?)</td><td class='bad'>(.*?)</td><td>(.*?)</td><td>(\d+)</td>", table, re.S
+    )
+    assert len(rows) == 1  # te_style passes; the pr branch's error is not main's
+    name, what, since, run = rows[0]
+    assert "lse_merge.torch" in name and what == "failed" and run == "2"
+    assert ">bad1</a>" in since
+    assert "Broken now" in after and "nothing" in after and fixed in after
+
+
 def test_a_token_signs_a_browser_in_for_reads_only(tmp_path: Path) -> None:
     with _client(tmp_path, api_tokens=[WRITE], read_tokens=[READ], open_reads=False) as c:
         page = c.get("/", follow_redirects=False)

@@ -11,6 +11,7 @@ from typing import Any
 from kassay.validate.compare import (
     accuracy_changes,
     case_key,
+    job_device_kinds,
     key_parts,
     memory_change,
     speed_change,
@@ -106,3 +107,44 @@ def keyed_choices(report: Report, kinds: Sequence[str]) -> list[tuple[str, CaseR
     """(case key, case) of every case of a job: what the history page offers to pick from."""
     fallback = kinds[0] if len(kinds) == 1 else ""
     return [(case_key(key_parts(c, fallback)), c) for c in report.cases]
+
+
+#: statuses that count as broken on the history overview
+BROKEN = ("failed", "error", "crashed", "timeout")
+
+
+def broken_since(reports: Sequence[Report], regressed: Sequence[set[str]]) -> list[dict[str, Any]]:
+    """The overview of a labelled series: every case key broken in its latest job (a status in
+    BROKEN, or a regression of that job's comparison), with the job where the break started (the
+    oldest of the unbroken-free run that ends at the latest).
+
+    reports: the series' finished jobs' reports, newest first; regressed: per report, the case
+    keys its comparison found regressed. Returns one row per key: key, name, what (status or
+    "regression"), since (point label), since_job, jobs (how many in a row)."""
+    if not reports:
+        return []
+    broken_by_job: list[dict[str, CaseResult]] = []
+    for report, reg in zip(reports, regressed, strict=True):
+        keyed = keyed_choices(report, job_device_kinds(report))
+        broken_by_job.append({k: c for k, c in keyed if c.status in BROKEN or k in reg})
+    rows = []
+    latest = reports[0]
+    names = {c.case_id: c.name for c in latest.cases}
+    for key, case in broken_by_job[0].items():
+        run = 1
+        while run < len(reports) and key in broken_by_job[run]:
+            run += 1
+        first = reports[run - 1]
+        rows.append(
+            {
+                "key": key,
+                "name": names.get(case.case_id) or f"{case.op}.{case.impl} {case.label()}",
+                "what": case.status if case.status in BROKEN else "regression",
+                "since": point_label(first.labels, first.job_id or ""),
+                "since_job": first.job_id,
+                "jobs": run,
+                "all": run == len(reports),
+            }
+        )
+    rows.sort(key=lambda r: (-int(r["jobs"] or 0), str(r["name"])))
+    return rows

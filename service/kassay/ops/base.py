@@ -95,6 +95,9 @@ class Op(ABC):
     description: ClassVar[str] = ""
     #: module holding `make_inputs(params, regime, seed, device)` and `reference(inputs, params)`
     runtime_module: ClassVar[str]
+    #: the unit its speed is shown in by default: "tflops" (compute-bound) or "gbps"
+    #: (memory-bound); the plots offer the others too
+    speed_unit: ClassVar[str] = "tflops"
 
     def parse_params(self, raw: dict[str, Any]) -> OpParams:
         return self.params_model.model_validate(raw)

@@ -61,6 +61,7 @@ class LseMergeOp(Op):
     regimes = REGIMES
     description = "softmax log-sum-exp correction: merge partial attention states"
     runtime_module = "kassay.ops.runtime.lse_merge"
+    speed_unit = "gbps"  # ~1 FLOP per byte: memory-bound
 
     def outputs(self, params: LseMergeParams) -> list[OutputSpec]:
         return [

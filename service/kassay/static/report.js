@@ -5,7 +5,13 @@
   "use strict";
   var PALETTE = ["#0969da", "#cf222e", "#1a7f37", "#9a6700", "#8250df", "#bf3989", "#0a3069",
     "#57606a", "#fb8500", "#2da44e"];
-  var FLOOR = 1e-18; // an exact result (rel-L2 0) is drawn at this floor on the log axis
+  // A log axis cannot show 0: an exact result (rel-L2 0) is drawn one decade below the
+  // smallest error of its plot, on a tick labelled "0 (exact)"
+  function zeroAt(values) {
+    var pos = values.filter(function (v) { return v > 0; });
+    var low = pos.length ? Math.min.apply(null, pos) : 1e-7;
+    return Math.pow(10, Math.floor(Math.log10(low)) - 1);
+  }
   var SPEED = {
     tflops: ["TFLOP/s", function (p) { return p.tflops; }],
     gbps: ["GB/s", function (p) { return p.gbps; }],
@@ -58,12 +64,18 @@
   function errorPlot(canvas, suite) {
     var pts = suite.points.filter(function (p) { return p.rel_l2 !== null; });
     var labels = sortedUnique(pts.map(function (p) { return p.x; }));
+    var zero = zeroAt(pts.map(function (p) { return p.rel_l2; }));
     var ds = byImpl(pts).map(function (e, i) {
       return dataset(e[0], i, e[1], function (p) { return p.x; },
-        function (p) { return Math.max(p.rel_l2, FLOOR); });
+        function (p) { return p.rel_l2 > 0 ? p.rel_l2 : zero; });
     });
-    scatter(canvas, labels, ds, options(suite.x_param, "rel-L2 (largest output)", "logarithmic",
-      suite.op + ": error vs " + suite.x_param + " (× = not passed)"));
+    var opts = options(suite.x_param, "rel-L2 (largest output)", "logarithmic",
+      suite.op + ": error vs " + suite.x_param + " (× = not passed)");
+    opts.scales.y.min = zero;
+    opts.scales.y.ticks.callback = function (v) {
+      return Math.abs(v - zero) <= zero * 1e-9 ? "0 (exact)" : logTick(v);
+    };
+    scatter(canvas, labels, ds, opts);
   }
 
   function speedPlot(canvas, suite, metric) {

@@ -150,8 +150,16 @@ def x_param(cases: list[CaseResult], vary: list[str]) -> str | None:
 
 
 def _speed_metric(cases: list[CaseResult]) -> str:
-    """TFLOP/s when the cases sit nearer the matmul ceiling than the copy ceiling (compute
-    bound), else GB/s."""
+    """The op's natural unit (Op.speed_unit: flce TFLOP/s, lse_merge GB/s); for an op this
+    build does not know, TFLOP/s when the cases sit nearer the matmul ceiling than the copy
+    ceiling, else GB/s."""
+    from kassay.errors import KassayError
+    from kassay.ops import get_op
+
+    try:
+        return get_op(cases[0].op).speed_unit if cases else "tflops"
+    except KassayError:
+        pass
     f = b = 0.0
     for c in cases:
         t, env = c.timing, c.environment
@@ -391,7 +399,13 @@ def suite_sections(report: Report) -> str:
             "<div class='plots'>"
             f"<figure><canvas data-plot='error' data-suite='{i}'></canvas></figure>"
             f"<figure><canvas data-plot='speed' data-suite='{i}'></canvas></figure>"
-            f"<figure><canvas data-plot='memory' data-suite='{i}'></canvas></figure></div>"
+            # no empty chart: peak memory only where it was measured (CUDA)
+            + (
+                f"<figure><canvas data-plot='memory' data-suite='{i}'></canvas></figure>"
+                if any(c.memory and c.memory.peak_extra_bytes is not None for c in cases)
+                else ""
+            )
+            + "</div>"
             f"{suite_table(cases, vary)}</section>"
         )
     data = [plot_data(cases) for cases in suites_of(report)]
@@ -407,9 +421,9 @@ def failures_list(report: Report) -> str:
     if not bad:
         return ""
     items = "".join(
-        f"<li><a href='#case-{e(c.case_id)}' class='jump'>{e(c.op)}.{e(c.impl)}</a> "
-        f"<span class='{e(c.status)}'>{e(c.status)}</span> {e(c.label())}: "
-        f"{e(case_summary(c))}</li>"
+        f"<li><a href='#case-{e(c.case_id)}' class='jump'>{e(c.name or f'{c.op}.{c.impl}')}</a>"
+        f" <span class='{e(c.status)}'>{e(c.status)}</span>"
+        f"{'' if c.name else ' ' + e(c.label())}: {e(case_summary(c))}</li>"
         for c in bad[:100]
     )
     more = f"<li>… {len(bad) - 100} more</li>" if len(bad) > 100 else ""

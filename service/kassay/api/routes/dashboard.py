@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from kassay.api.comparisons import compare, report_with_verdict
 from kassay.api.deps import Services, services
-from kassay.api.history_view import keyed_choices, series_points
+from kassay.api.history_view import broken_since, keyed_choices, point_label, series_points
 from kassay.api.pages import login_redirect, page
 from kassay.api.route_common import label_filters
 from kassay.api.store import ACTIVE_STATES, JobRecord
@@ -36,6 +36,7 @@ from kassay.validate.html_report import (
     json_for_script,
     suite_sections,
 )
+from kassay.validate.results import Report
 
 router = APIRouter(include_in_schema=False)
 
@@ -73,7 +74,23 @@ def _report_links(job_id: str) -> str:
     )
 
 
-def _job_row(j: JobRecord, filters: dict[str, str]) -> str:
+def _vs(j: JobRecord, svc: Services) -> str:
+    """The jobs list's comparison cell: the verdict of the job's compare_to, if it asked."""
+    if j.state in ACTIVE_STATES:
+        return "<td class='muted'>-</td>"
+    recorded, comp, note = svc.store.history.recorded_comparison(j.id)
+    link = f"/compare?a={e(j.id)}"
+    if not recorded:  # the job asked for no comparison
+        return "<td class='muted'>-</td>"
+    if comp is None:
+        return f"<td class='muted' title='{e(note)}'>none yet</td>"
+    n = comp.summary.regressions
+    if not n:
+        return f"<td class='ok'><a href='{link}'>no regression</a></td>"
+    return f"<td class='bad'><a href='{link}'>{n} regression(s)</a></td>"
+
+
+def _job_row(j: JobRecord, filters: dict[str, str], svc: Services) -> str:
     c = j.counts
     active = " data-active" if j.state in ACTIVE_STATES else ""
     counts = "".join(
@@ -88,7 +105,7 @@ def _job_row(j: JobRecord, filters: dict[str, str]) -> str:
         f"data-job-total='{j.total}'{active}><td><a href='/jobs/{e(j.id)}'>{e(j.id)}</a></td>"
         f"<td>{e(j.name)}</td><td><span data-state class='{_verdict_class(j)}'>{_verdict(j)}"
         f"</span></td><td>{_progress(j.done, j.total)}</td>{counts}"
-        f"<td data-count='pending'>{j.total - j.done}</td><td>{label_links}</td>"
+        f"<td data-count='pending'>{j.total - j.done}</td>{_vs(j, svc)}<td>{label_links}</td>"
         f"<td class='muted'>{_when(j.created_at)}</td><td>{_report_links(j.id)}</td></tr>"
     )
 
@@ -124,7 +141,7 @@ def jobs_page(
     more, rows = len(rows) > limit, rows[:limit]
     filters = {k: v for k, v in (("state", state), ("name", name)) if v}
     filters_with_label = [*filters.items(), *(("label", x) for x in label)]
-    body_rows = "".join(_job_row(j, filters) for j in rows)
+    body_rows = "".join(_job_row(j, filters, svc) for j in rows)
     if not body_rows:
         body_rows = "<tr><td colspan='15'>no jobs match</td></tr>"
     pager = []
@@ -153,11 +170,34 @@ def jobs_page(
  placeholder='branch=main'></label>
 <button type='submit'>Filter</button> <a href='/'>clear</a></form>{problem}
 <table class='jobs'><thead><tr><th>id</th><th>name</th><th>state</th><th>progress</th>{heads}
-<th>labels</th><th>created (UTC)</th><th>reports</th></tr></thead><tbody>{body_rows}</tbody>
+<th title='the verdict of the job's compare_to'>vs</th><th>labels</th><th>created (UTC)</th><th>reports</th></tr></thead><tbody>{body_rows}</tbody>
 </table><p class='pager'>{" ".join(pager)}</p>
 <h2>Workers</h2><table><tr><th>address</th><th>state</th><th>device</th><th>running</th></tr>
 {wrows or "<tr><td colspan='4'>none configured</td></tr>"}</table>"""
     return page(request, "Jobs", body, scripts=("live.js",))
+
+
+def _regressions_box(report: Report) -> str:
+    """The comparison's regressions, one line each, above the fold (the whole comparison is
+    below the cases)."""
+    c = report.comparison
+    if c is None:
+        return ""
+    names = {x.case_id: x.name for x in report.cases if x.name}
+    found = [x for x in c.cases if x.regression]
+    target = f"{e(c.to_name)} <a href='/jobs/{e(c.to_job_id or '')}'>{e(c.to_job_id or '')}</a>"
+    if not found:
+        return f"<p class='ok'>no regression against {target}</p>"
+    items = "".join(
+        f"<li><b>{e(names.get(x.case_id or '') or f'{x.op}.{x.impl}')}</b>: "
+        f"{e('; '.join(x.reasons))}</li>"
+        for x in found[:30]
+    )
+    more = f"<li>… {len(found) - 30} more (the comparison below)</li>" if len(found) > 30 else ""
+    return (
+        f"<h2 class='bad'>{len(found)} regression(s) against {target}</h2>"
+        f"<ul class='regressions'>{items}{more}</ul>"
+    )
 
 
 def _cases_fragment(report_html: str, failures: str) -> str:
@@ -183,9 +223,10 @@ def job_page(
     compare_link = ""
     if job.spec.get("compare_to"):
         compare_link = f" · <a href='/compare?a={e(job.id)}'>comparison (compare_to)</a>"
-    comparison = ""
+    comparison = regressions = ""
     if report.comparison is not None:
         comparison = "<h2>Comparison</h2>" + comparison_html(report.comparison)
+        regressions = _regressions_box(report)
     # the job's counters, not the report's: what has no result yet shows as pending
     counts = counts_line(job.counts, job.total)
     body = f"""<h1>{e(job.name)} <span class='muted'>{e(job.id)}</span></h1>
@@ -194,9 +235,9 @@ def job_page(
 {_when(job.finished_at)} · {labels}</p>
 <p class='summary'>{counts}</p>
 <p>reports: {_report_links(job.id)} · <a href='/compare?a={e(job.id)}'>compare…</a>{compare_link}</p>
-<h2>Environment</h2>{environment_table(report)}{comparison}
-<div id='cases' data-fragment='/jobs/{e(job.id)}/cases'>
-{_cases_fragment(suite_sections(report), failures_list(report))}</div>"""
+{regressions}<div id='cases' data-fragment='/jobs/{e(job.id)}/cases'>
+{_cases_fragment(suite_sections(report), failures_list(report))}</div>
+{comparison}<h2>Environment</h2>{environment_table(report)}"""
     attrs = (
         f" data-job-id='{e(job.id)}' data-job-state='{e(job.state)}' data-job-done='{job.done}'"
         f" data-job-total='{job.total}'" + (" data-active" if active else "")
@@ -268,7 +309,7 @@ def history_page(
         for k, c in keyed_choices(report, job_device_kinds(report)):
             if (op and c.op != op) or (impl and c.impl != impl):
                 continue
-            text = f"{c.op}.{c.impl} {c.label()} {c.dtype}"
+            text = f"{c.name or f'{c.op}.{c.impl} {c.label()}'} {c.dtype}"
             if shape and shape.replace(" ", "") not in text.replace(" ", ""):
                 continue
             choices.append((k, text))
@@ -309,8 +350,44 @@ def history_page(
         if points
         else ""
     )
-    body = f"<h1>History</h1>{form}{problem}{summary}{plots}"
+    overview = _broken_overview(svc, wanted, labels) if wanted else ""
+    body = f"<h1>History</h1>{form}{problem}{overview}{summary}{plots}"
     return page(request, "History", body, scripts=("history.js",), charts=bool(points))
+
+
+#: how many of a series' latest jobs the overview reads to find where a break started
+OVERVIEW_DEPTH = 20
+
+
+def _broken_overview(svc: Services, wanted: dict[str, str], labels: str) -> str:
+    """What is broken in the latest finished job with these labels, and since when."""
+    jobs = svc.store.list_jobs(state="finished", labels=wanted, limit=OVERVIEW_DEPTH)
+    if not jobs:
+        return ""
+    reports = [svc.store.report(j.id) for j in jobs]
+    regressed = []
+    for j in jobs:
+        _has, comp, _note = svc.store.history.recorded_comparison(j.id)
+        regressed.append({c.key for c in comp.cases if c.regression} if comp else set())
+    rows = broken_since(reports, regressed)
+    latest = jobs[0]
+    head = (
+        f"<h2>Broken now</h2><p>in the latest finished job with {e(labels)}: "
+        f"<a href='/jobs/{e(latest.id)}'>{e(point_label(latest.labels, latest.id))}</a>"
+    )
+    if not rows:
+        return head + " — nothing</p>"
+    items = "".join(
+        f"<tr><td><a href='/history?{urlencode({'labels': labels, 'key': r['key']})}'>"
+        f"{e(r['name'])}</a></td><td class='bad'>{e(r['what'])}</td><td>"
+        f"<a href='/jobs/{e(r['since_job'] or '')}'>{e(r['since'])}</a>"
+        f"{' (or earlier)' if r['all'] else ''}</td><td>{r['jobs']}</td></tr>"
+        for r in rows
+    )
+    return (
+        head + f" — {len(rows)} case key(s)</p><table class='broken'><tr><th>case</th>"
+        f"<th>what</th><th>since</th><th>jobs in a row</th></tr>{items}</table>"
+    )
 
 
 @router.get("/compare", response_class=HTMLResponse)
