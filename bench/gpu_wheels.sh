@@ -21,6 +21,7 @@ pkgs=(
   grpcio==1.84.2 protobuf==7.36.2 grpcio-health-checking==1.84.2 grpcio-reflection==1.84.2
   grpcio-status==1.84.2 googleapis-common-protos
   liger-kernel==0.8.5 cut-cross-entropy==25.1.1 nvidia-ml-py packaging
+  python-json-logger==4.2.0
 )
 for p in "${pkgs[@]}"; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -51,6 +51,14 @@ class Settings(BaseSettings):
         30.0, gt=0, description="on SIGTERM, how long the running case may take to finish"
     )
 
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="how the api, serve and worker processes log to stderr: text for people, "
+        "json (one object per line) for a log pipeline",
+    )
+    access_log: bool = Field(
+        True, description="the API logs one line per HTTP request (method, path, status, ms)"
+    )
     login_max_failures: int = Field(
         10,
         gt=0,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +116,31 @@ def test_operations_the_cli_owes_a_ci_user(procs, tmp_path: Path) -> None:
     assert refused.stderr.strip() == (
         "kassay: bad setting KASSAY_MAX_CASES: Input should be greater than 0"
     ), refused.stderr
+
+
+def test_json_logs_with_an_access_line_per_request(procs) -> None:
+    import json
+
+    import httpx
+
+    api = procs.api([], log_format="json")
+    try:
+        procs.wait_ready(api, workers_up=0)
+        assert httpx.get(f"{api.extra['url']}/v1/jobs", timeout=10).status_code == 200
+        deadline = time.monotonic() + 10
+        records: list[dict] = []
+        while time.monotonic() < deadline:
+            lines = [x for x in api.tail(400).splitlines() if x.startswith("{")]
+            records = [json.loads(x) for x in lines]
+            if any(
+                r.get("logger") == "kassay.access" and r.get("path") == "/v1/jobs" for r in records
+            ):
+                break
+        access = [r for r in records if r.get("logger") == "kassay.access"]
+        hit = next(r for r in access if r["path"] == "/v1/jobs")
+        assert hit["method"] == "GET" and hit["status"] == 200 and hit["ms"] >= 0
+        assert hit["route"] == "/v1/jobs" and hit["level"] == "INFO" and "time" in hit
+        # every line is JSON: uvicorn's and kassay's loggers alike
+        assert all(x.startswith("{") for x in api.tail(400).splitlines() if x.strip()), api.tail(40)
+    finally:
+        api.stop()

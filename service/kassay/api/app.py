@@ -103,7 +103,7 @@ def create_app(
     app.state.settings = settings
     app.state.login_throttle = LoginThrottle(settings.login_max_failures, settings.login_window_s)
     app.add_middleware(JobFastPath)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(MetricsMiddleware, metrics=metrics, access_log=settings.access_log)
     handlers: dict[Any, Any] = {
         KassayError: _kassay_error,
         RequestValidationError: _validation_error,

@@ -102,11 +102,11 @@ def _settings(**overrides: Any) -> Any:
 
 
 def _configure_logging(level: str) -> None:
-    import logging
+    """Level from --log-level, format from KASSAY_LOG_FORMAT (kassay.logs)."""
+    from kassay.logs import configure
+    from kassay.settings import get_settings
 
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(level, get_settings().log_format)
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -124,7 +124,16 @@ def cmd_api(args: argparse.Namespace) -> int:
         print(f"kassay api: {exc}", file=sys.stderr)
         return 2
     app = create_app(settings)
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+    # log_config None: uvicorn's loggers go through kassay's (kassay.logs); the access log is
+    # kassay's own (kassay.access: structured fields in the JSON format)
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        log_config=None,
+    )
     return 0
 
 
@@ -358,6 +367,7 @@ class Embedded:
             port=self.args.port,
             log_level=self.args.log_level,
             access_log=False,
+            log_config=None,
         )
         self.server = _quiet_server_class()(config)  # uvicorn imported on first use
         return self.server

@@ -7,12 +7,15 @@ so take max, not sum, over replicas)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kassay.logs import ACCESS
 
 
 class ApiMetrics:
@@ -91,9 +94,10 @@ CASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900
 class MetricsMiddleware:
     """Counts requests and observes latency, labelled by the matched route's template."""
 
-    def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: ApiMetrics, access_log: bool = False) -> None:
         self.app = app
         self.metrics = metrics
+        self.access = logging.getLogger(ACCESS) if access_log else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -113,5 +117,23 @@ class MetricsMiddleware:
             route: Any = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
             method = scope.get("method", "")
+            seconds = time.perf_counter() - start
             self.metrics.http_requests.labels(method, path, str(status[0])).inc()
-            self.metrics.http_latency.labels(method, path).observe(time.perf_counter() - start)
+            self.metrics.http_latency.labels(method, path).observe(seconds)
+            if self.access is not None:
+                client = scope.get("client")
+                self.access.info(
+                    "%s %s %d %.1f ms",
+                    method,
+                    scope.get("path", ""),
+                    status[0],
+                    seconds * 1e3,
+                    extra={
+                        "method": method,
+                        "path": scope.get("path", ""),
+                        "route": path,
+                        "status": status[0],
+                        "ms": round(seconds * 1e3, 2),
+                        "client": client[0] if client else None,
+                    },
+                )

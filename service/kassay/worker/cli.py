@@ -85,11 +85,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
         for err in exc.errors():
             print(f"kassay worker: {'.'.join(map(str, err['loc']))}: {err['msg']}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from kassay.logs import configure
+
+    configure(logging.INFO, settings.log_format)
     from kassay.worker.sandbox import SandboxConfig
     from kassay.worker.server import WorkerConfig, serve
 
