@@ -6,7 +6,6 @@ python3 bench/flce_table.py bench/results/flce-h200-<date>.json
 from __future__ import annotations
 
 import json
-import sys
 
 NAMES = {
     "kassay": "**kassay** (default budget)",
@@ -59,4 +58,8 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("result", help="a bench/flce.py result file (JSON)")
+    main(ap.parse_args().result)
