@@ -367,6 +367,10 @@ def ci_log(report: Report, *, job_url: str, exit_code: int, max_lines: int = 60)
     if comp is not None:
         found = f"{len(regressed)} regression(s)" if regressed else "no regression"
         parts.append(f"{found} against {comp.to_name} {comp.to_job_id}")
+        if comp.summary.not_comparable:
+            parts.append(
+                f"speed not comparable on this worker for {comp.summary.not_comparable} case(s)"
+            )
     if s.cancelled:
         parts.append("cancelled")
     out.append(

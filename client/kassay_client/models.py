@@ -111,6 +111,7 @@ class ComparisonSummary(_Model):
     missing: int = 0
     slower: int = 0
     faster: int = 0
+    not_comparable: int = 0  # CPU speed the worker could not resolve (a busy host)
     less_accurate: int = 0
     more_accurate: int = 0
     more_memory: int = 0

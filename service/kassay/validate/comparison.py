@@ -52,8 +52,11 @@ class SpeedChange(BaseModel):
         None, description="after_ms / before_ms: the plain ratio of the medians"
     )
     threshold: float
-    verdict: Literal["slower", "faster", "same"] = Field(
-        description="slower: ratio > 1 + threshold and the interval above 1; faster: the mirror"
+    verdict: Literal["slower", "faster", "same", "not_comparable"] = Field(
+        description="slower: ratio > 1 + threshold and the interval above 1; faster: the "
+        "mirror; not_comparable: CPU timings whose interval spans more than the worker can "
+        "resolve (a busy host: kassay.validate.compare.NOT_COMPARABLE_SPREAD), never a "
+        "regression"
     )
 
 
@@ -99,6 +102,7 @@ class ComparisonSummary(BaseModel):
     missing: int = 0
     slower: int = 0
     faster: int = 0
+    not_comparable: int = Field(0, description="keys whose CPU speed the worker could not resolve")
     less_accurate: int = 0
     more_accurate: int = 0
     more_memory: int = 0

@@ -47,7 +47,13 @@ def to_markdown(c: Comparison, *, heading: str = "##", names: dict[str, str] | N
         "",
         f"**{s.regressions} regression(s)** in {s.cases} case keys ({s.compared} in both jobs): "
         f"{s.newly_failing} newly failing, {s.fixed} fixed, {s.new} new, {s.missing} missing; "
-        f"{s.slower} slower, {s.faster} faster; {s.less_accurate} less accurate, "
+        f"{s.slower} slower, {s.faster} faster"
+        + (
+            f", {s.not_comparable} speed not comparable on this worker (a busy CPU host)"
+            if s.not_comparable
+            else ""
+        )
+        + f"; {s.less_accurate} less accurate, "
         f"{s.more_accurate} more accurate; {s.more_memory} more memory, {s.less_memory} less. "
         f"Threshold +{c.threshold:.1%} (unless a suite sets its own), "
         f"{c.confidence:.0%} confidence; device: {_md(', '.join(c.device_kinds) or '-')}.",
