@@ -88,8 +88,13 @@ def _serve_args(p: argparse.ArgumentParser) -> None:
         help="default: a free port (with --gpus: the first worker's; the next ones follow)",
     )
     p.add_argument("--data-dir", default=".kassay")
-    p.add_argument("--enable-test-impls", action="store_true")
-    p.add_argument("--log-level", default="warning")
+    p.add_argument(
+        "--enable-test-impls",
+        action="store_true",
+        help="offer the crash/exit/hang/raise/slowable test impls (for integration tests); the "
+        "self-test's mutants and correct alternatives need KASSAY_ENABLE_MUTANTS=true",
+    )
+    p.add_argument("--log-level", default="warning", help="debug | info | warning | error")
 
 
 # ------------------------------------------------------------------------------------- api

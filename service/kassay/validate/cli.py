@@ -11,7 +11,13 @@ EXIT_PASSED, EXIT_FAILED, EXIT_ERRORS = 0, 1, 2
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a job spec in-process and print the results")
+    p = sub.add_parser(
+        "run",
+        help="run a job spec in-process and print the results",
+        description="Run a job spec in-process (no servers). The self-test's mutants and correct "
+        "alternatives are offered with KASSAY_ENABLE_MUTANTS=true, the test impls (crash, hang, "
+        "raise, slowable) with KASSAY_ENABLE_TEST_IMPLS=true.",
+    )
     p.add_argument("spec", help="job spec (YAML or JSON)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--json", dest="json_out", help="write the JSON report here")

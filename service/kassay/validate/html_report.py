@@ -465,6 +465,29 @@ def environment_table(report: Report) -> str:
     )
 
 
+def regressions_list(report: Report) -> str:
+    """The comparison's regressions, one line each by the case's short name, for the top of a
+    page (the whole comparison is further down); empty without a comparison."""
+    c = report.comparison
+    if c is None:
+        return ""
+    names = {x.case_id: x.name for x in report.cases if x.name}
+    found = [x for x in c.cases if x.regression]
+    target = f"{e(c.to_name)} <a href='/jobs/{e(c.to_job_id or '')}'>{e(c.to_job_id or '')}</a>"
+    if not found:
+        return f"<p class='ok'>no regression against {target}</p>"
+    items = "".join(
+        f"<li><b>{e(names.get(x.case_id or '') or f'{x.op}.{x.impl}')}</b>: "
+        f"{e('; '.join(x.reasons))}</li>"
+        for x in found[:30]
+    )
+    more = f"<li>… {len(found) - 30} more (the comparison below)</li>" if len(found) > 30 else ""
+    return (
+        f"<h2 class='bad'>{len(found)} regression(s) against {target}</h2>"
+        f"<ul class='regressions'>{items}{more}</ul>"
+    )
+
+
 def standalone(report: Report, css: str, scripts: list[str]) -> str:
     """The downloadable HTML report: the same sections as the job page with the style and the
     scripts inlined (no network)."""
@@ -481,6 +504,7 @@ def standalone(report: Report, css: str, scripts: list[str]) -> str:
         f"<meta name='viewport' content='width=device-width'><style>{css}</style></head>"
         f"<body class='report'><h1>{title}</h1><p class='muted'>{labels}</p>"
         f"<p class='summary'>{e(report.state)} · {counts_line(summary_counts(report), report.summary.total)}</p>"
-        f"{failures_list(report)}<h2>Environment</h2>{environment_table(report)}"
-        f"<h2>Cases</h2>{suite_sections(report)}{comparison}{inline}</body></html>"
+        f"{regressions_list(report)}{failures_list(report)}"
+        f"<h2>Cases</h2>{suite_sections(report)}{comparison}"
+        f"<h2>Environment</h2>{environment_table(report)}{inline}</body></html>"
     )

@@ -34,9 +34,9 @@ from kassay.validate.html_report import (
     environment_table,
     failures_list,
     json_for_script,
+    regressions_list,
     suite_sections,
 )
-from kassay.validate.results import Report
 
 router = APIRouter(include_in_schema=False)
 
@@ -177,29 +177,6 @@ def jobs_page(
     return page(request, "Jobs", body, scripts=("live.js",))
 
 
-def _regressions_box(report: Report) -> str:
-    """The comparison's regressions, one line each, above the fold (the whole comparison is
-    below the cases)."""
-    c = report.comparison
-    if c is None:
-        return ""
-    names = {x.case_id: x.name for x in report.cases if x.name}
-    found = [x for x in c.cases if x.regression]
-    target = f"{e(c.to_name)} <a href='/jobs/{e(c.to_job_id or '')}'>{e(c.to_job_id or '')}</a>"
-    if not found:
-        return f"<p class='ok'>no regression against {target}</p>"
-    items = "".join(
-        f"<li><b>{e(names.get(x.case_id or '') or f'{x.op}.{x.impl}')}</b>: "
-        f"{e('; '.join(x.reasons))}</li>"
-        for x in found[:30]
-    )
-    more = f"<li>… {len(found) - 30} more (the comparison below)</li>" if len(found) > 30 else ""
-    return (
-        f"<h2 class='bad'>{len(found)} regression(s) against {target}</h2>"
-        f"<ul class='regressions'>{items}{more}</ul>"
-    )
-
-
 def _cases_fragment(report_html: str, failures: str) -> str:
     return failures + report_html
 
@@ -226,7 +203,7 @@ def job_page(
     comparison = regressions = ""
     if report.comparison is not None:
         comparison = "<h2>Comparison</h2>" + comparison_html(report.comparison)
-        regressions = _regressions_box(report)
+        regressions = regressions_list(report)
     # the job's counters, not the report's: what has no result yet shows as pending
     counts = counts_line(job.counts, job.total)
     body = f"""<h1>{e(job.name)} <span class='muted'>{e(job.id)}</span></h1>
