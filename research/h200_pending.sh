@@ -10,9 +10,12 @@
 #
 # Stages (times are estimates from earlier runs; each fits one 600 s call):
 #   correct   the work whose numbers do not depend on timing, three processes side by side on
-#             the one GPU: the GPU tests except the timing ones, #14's false-failure table
-#             (h200 x 3 seeds: ~360 s), CCE with and without its backward filter
-#             (research/cce_filter_probe.py) and kassay selftest (~550 s)
+#             the one GPU: the GPU tests except the timing ones (tests/gpu/test_sandbox_gpu.py
+#             runs artifact code through the sandboxed impl runner, #31), #29's false-failure
+#             table (h200 x 3 seeds: ~360 s; expected 0 false failures for torch, torch.compile,
+#             kassay, Liger, CCE) and `kassay selftest --device cuda` (#29: expected "detected
+#             27/27 mutants, false failures 0/N correct cases (fairness corpus: 0/n)", kassay's
+#             bf16 kernels judged there) (~550 s)
 #   timed     alone on the GPU: the timing GPU tests (device time vs the profiler, the gate's
 #             slowed runs) and #15's bench/ci_latency.py (~300 s)
 #   engine    alone on the GPU: the README's engine table from examples/h200.yaml (~150 s)
@@ -52,10 +55,7 @@ correct)
             --spec examples/h200.yaml --seeds 3 --out "$out/verdicts-h200-$day.json"
     ) &
     (
-        # the Liger parity spec was measured on 2026-12-03 (#21 closed); CCE's filter next
-        step cce-filter 150 python3 research/cce_filter_probe.py --seeds 2 \
-            --out "$out/cce-filter-h200-$day.json"
-        step selftest 240 python3 -m kassay.cli selftest --device cuda
+        step selftest 500 python3 -m kassay.cli selftest --device cuda
     ) &
     wait
     ;;
