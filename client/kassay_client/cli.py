@@ -339,7 +339,8 @@ def ci_log(report: Report, *, job_url: str, exit_code: int, max_lines: int = 60)
     bad = sorted((c for c in report.cases if c.status in order), key=lambda c: order[c.status])
     out = []
     for c in bad[:max_lines]:
-        out.append(f"{c.status.upper():8} {_name(c)}: {_broke(c)}")
+        since = f" (broken since {c.broken_since} on the compared branch)" if c.broken_since else ""
+        out.append(f"{c.status.upper():8} {_name(c)}: {_broke(c)}{since}")
     if len(bad) > max_lines:
         out.append(f"... {len(bad) - max_lines} more not passing: see the report")
     names = {c.case_id: _name(c) for c in report.cases}

@@ -82,6 +82,8 @@ class CaseResult(_Model):
     ran_in: str = "trusted"
     #: a short name within the report: op.impl and the params that vary within its suite
     name: str = ""
+    #: where the compared series (e.g. branch=main) started to break this case key, if it does
+    broken_since: str = ""
 
 
 class Summary(_Model):

@@ -239,3 +239,22 @@ def test_kassay_wait_gate_exit_code_precedence(client, sdk, capsys) -> None:
     )
     assert cli.main([*base, first, "--fail-on-regression"]) == 0
     assert "no comparison" in (err := capsys.readouterr().err) and "nothing to compare" in err
+
+
+def test_a_failure_says_since_when_the_compared_branch_has_it_too(client) -> None:
+    """#32: the PR comment and the CI log say where main started to break a case key that the
+    PR breaks too; a failure main does not have says nothing of the kind."""
+    finished_job(client, {"branch": "main"}, commit="good1")
+    finished_job(client, {"branch": "main"}, commit="bad1", torch_status="failed")
+    finished_job(client, {"branch": "main"}, commit="bad2", torch_status="failed")
+    gate = {**SPEC, "compare_to": {"labels": {"branch": "main"}}}
+    pr = finished_job(client, {"branch": "pr"}, spec=gate, torch_status="failed", commit="pr1")
+    rep = client.get(f"/v1/jobs/{pr}/report").json()
+    torch = next(c for c in rep["cases"] if c["impl"] == "torch")
+    assert torch["status"] == "failed" and torch["broken_since"] == "bad1"
+    md = client.get(f"/v1/jobs/{pr}/report", params={"format": "markdown"}).text
+    assert "(broken since bad1 on the compared branch)" in md
+    finished_job(client, {"branch": "main"}, commit="fixed")
+    pr2 = finished_job(client, {"branch": "pr"}, spec=gate, torch_status="failed", commit="pr2")
+    rep2 = client.get(f"/v1/jobs/{pr2}/report").json()
+    assert all(c["broken_since"] == "" for c in rep2["cases"])  # new in this job

@@ -144,4 +144,39 @@ def report_with_verdict(store: Store, job_id: str) -> Report:
     job = store.require_job(job_id, full=True)
     if _target_of_spec(job) is not None:
         report.comparison, _ = verdict(store, job, report)
+        wanted = (job.spec.get("compare_to") or {}).get("labels")
+        if report.comparison is not None and wanted:
+            # the series the spec compares with (e.g. branch=main), not the matched job's labels
+            _mark_broken_since(store, report, dict(wanted))
     return report
+
+
+#: how many of the compared series' latest jobs are read to find where a break started
+SINCE_DEPTH = 10
+
+
+def _mark_broken_since(store: Store, report: Report, labels: dict[str, str]) -> None:
+    """Set `broken_since` on each case of `report` that does not pass and whose key is broken
+    in the latest job of the series with `labels` too: where that run of breaks started."""
+    from kassay.api.history_view import BROKEN, broken_since, keyed_choices
+    from kassay.validate.compare import job_device_kinds
+
+    bad = {c.case_id for c in report.cases if c.status in BROKEN}
+    if not bad:
+        return
+    jobs = [
+        j
+        for j in store.list_jobs(state="finished", labels=labels, limit=SINCE_DEPTH + 1)
+        if j.id != report.job_id
+    ][:SINCE_DEPTH]
+    if not jobs:
+        return
+    series = [store.report(j.id) for j in jobs]
+    regressed = []
+    for j in jobs:
+        _has, comp, _note = store.history.recorded_comparison(j.id)
+        regressed.append({c.key for c in comp.cases if c.regression} if comp else set())
+    since = {r["key"]: str(r["since"]) for r in broken_since(series, regressed)}
+    for key, case in keyed_choices(report, job_device_kinds(report)):
+        if case.case_id in bad and key in since:
+            case.broken_since = since[key]

@@ -1055,6 +1055,7 @@ class CaseResult(_message.Message):
     FLAGS_FIELD_NUMBER: _builtins.int
     RAN_IN_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    BROKEN_SINCE_FIELD_NUMBER: _builtins.int
     case_id: _builtins.str
     """"{group_id}:{impl}" """
     group_id: _builtins.str
@@ -1078,6 +1079,8 @@ class CaseResult(_message.Message):
     """
     name: _builtins.str
     """A short name within its report (kassay.validate.names); empty on the wire."""
+    broken_since: _builtins.str
+    """Where the compared series started to break this case key (set when a report is made)."""
     @_builtins.property
     def flce(self) -> Global___FlceParams: ...
     @_builtins.property
@@ -1126,10 +1129,11 @@ class CaseResult(_message.Message):
         flags: _abc.Iterable[_builtins.str] | None = ...,
         ran_in: _builtins.str = ...,
         name: _builtins.str = ...,
+        broken_since: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "device", b"device", "environment", b"environment", "flce", b"flce", "lse_merge", b"lse_merge", "memory", b"memory", "params", b"params", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "case_id", b"case_id", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "flce", b"flce", "group_id", b"group_id", "impl", b"impl", "lse_merge", b"lse_merge", "memory", b"memory", "message", b"message", "name", b"name", "op", b"op", "outputs", b"outputs", "params", b"params", "ran_in", b"ran_in", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "broken_since", b"broken_since", "case_id", b"case_id", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "flce", b"flce", "group_id", b"group_id", "impl", b"impl", "lse_merge", b"lse_merge", "memory", b"memory", "message", b"message", "name", b"name", "op", b"op", "outputs", b"outputs", "params", b"params", "ran_in", b"ran_in", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__device: _TypeAlias = _typing.Literal["device"]  # noqa: Y015
     _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015

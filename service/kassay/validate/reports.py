@@ -264,6 +264,8 @@ def to_markdown(report: Report) -> str:
         out += ["", "### Not passing", "", "| case | status | what broke |", "|---|---|---|"]
         for c in bad[:50]:
             detail = what_broke(c) if c.status == "failed" else c.message
+            if c.broken_since:
+                detail += f" (broken since {c.broken_since} on the compared branch)"
             out.append(f"| {_md(c.display())} | {_md(status_text(c))} | {_md(detail)} |")
         if len(bad) > 50:
             out.append(f"| … {len(bad) - 50} more | | |")

@@ -184,6 +184,12 @@ class CaseResult(BaseModel):
         "suite, the regime and seed where those vary, why coverage added it "
         "(kassay.validate.names); set when a report is made. The case key stays the identity",
     )
+    broken_since: str = Field(
+        "",
+        description="for a case not passing in a job compared with a labelled series (e.g. "
+        "branch=main): the commit (or job) of that series where its case key started to break, "
+        "when it is broken there too; empty: not broken there (new in this job) or unknown",
+    )
     ran_in: Literal["trusted", "sandbox"] = Field(
         "trusted",
         description="where the impl's code ran: `trusted` (the executor that judges it: "
