@@ -146,6 +146,8 @@ def list_params(
     return params + [("label", item) for item in _label_items(labels)]
 
 
+#: the API's report formats (kassay.reports.FORMATS: the SDK reaches the API only over HTTP,
+#: so it keeps this mirror; tests/unit/test_sdk_contract.py holds the two equal)
 REPORT_MEDIA = {
     "json": "application/json",
     "junit": "application/xml",

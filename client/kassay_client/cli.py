@@ -23,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kassay_client._base import REPORT_MEDIA
+
 if TYPE_CHECKING:
     from kassay_client import Client, Job, Report
 
@@ -112,7 +114,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("report", help="print or save a job's report")
     _server_args(p)
     p.add_argument("job_id")
-    p.add_argument("--format", choices=["markdown", "json", "junit", "html"], default="markdown")
+    p.add_argument("--format", choices=list(REPORT_MEDIA), default="markdown")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_report)
 

@@ -3,8 +3,9 @@ vary, why coverage added a point; unique within the report; used by every format
 
 from __future__ import annotations
 
+from kassay.reports.junit import to_junit
+from kassay.reports.markdown import to_markdown
 from kassay.validate.names import short_names
-from kassay.validate.reports import to_junit, to_markdown
 from kassay.validate.results import CaseResult, Report, Summary, named
 
 

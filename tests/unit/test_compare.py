@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 from kassay.errors import IncomparableError
+from kassay.reports.comparison_markdown import to_markdown
 from kassay.validate.compare import (
     case_key,
     compare_reports,
@@ -17,7 +18,6 @@ from kassay.validate.compare import (
     key_parts,
     speed_change,
 )
-from kassay.validate.comparison_report import to_markdown
 from kassay.validate.median_ratio import Run, median_ratio, paired_run, t_quantile
 from kassay.validate.results import (
     CaseResult,

@@ -17,9 +17,9 @@ from written_jobs import H200, SPEC, finished_job
 from kassay.api.app import create_app
 from kassay.api.auth import SESSION_COOKIE, LoginThrottle, session_cookie, valid_session
 from kassay.api.openapi_extras import JOB_SPEC_EXAMPLE, report_example
+from kassay.reports.cases import failed_limits, worst_output
+from kassay.reports.html import case_detail, to_html, varying
 from kassay.settings import Settings
-from kassay.validate.html_report import case_detail, failed_limits, varying
-from kassay.validate.reports import to_html, worst_output
 from kassay.validate.results import (
     CaseResult,
     MemoryStats,

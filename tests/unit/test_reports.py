@@ -8,7 +8,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kassay.validate import reports
+from kassay import reports
 from kassay.validate.local import run_job
 from kassay.validate.results import CaseResult, Report
 from kassay.validate.spec import parse_spec

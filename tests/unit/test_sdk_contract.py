@@ -19,8 +19,8 @@ import pytest
 from pydantic import BaseModel, TypeAdapter
 
 from kassay.api.app import create_app
+from kassay.reports import report_schema
 from kassay.settings import Settings
-from kassay.validate.reports import report_schema
 from kassay_client import models
 
 Schema = dict[str, Any]
@@ -234,3 +234,12 @@ def test_the_checker_allows_what_the_sdk_does_on_purpose() -> None:
     assert _contract({"a": mixed}, {"a": mapping}) == [
         "M.a.n: the API's type is ['integer'], the SDK's ['string']"
     ]
+
+
+def test_the_sdk_knows_every_report_format_of_the_registry() -> None:
+    """One registry of formats (kassay.reports.FORMATS) read by the routes and the CLI; the SDK,
+    which reaches the API only over HTTP, mirrors it, and this holds the mirror true."""
+    from kassay.reports import FORMATS
+    from kassay_client._base import REPORT_MEDIA
+
+    assert {name: f.media_type for name, f in FORMATS.items()} == REPORT_MEDIA

@@ -11,8 +11,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 
 from kassay.api.auth import SESSION_COOKIE, may_read, reads_locked
 from kassay.errors import AuthError
+from kassay.reports.text import e
 from kassay.static import CHART_JS
-from kassay.validate.html_report import e
 
 
 def login_redirect(request: Request) -> RedirectResponse | None:

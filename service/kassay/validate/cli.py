@@ -51,9 +51,9 @@ def exit_code(summary: Any) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from kassay import reports
     from kassay.errors import KassayError
     from kassay.settings import get_settings
-    from kassay.validate import reports
     from kassay.validate.local import run_job
     from kassay.validate.results import CaseResult
     from kassay.validate.spec import load_spec

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from kassay.validate.reports import schema_json
+from kassay.reports import schema_json
 
 DEFAULT = Path(__file__).resolve().parents[3] / "docs" / "report.schema.json"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from kassay.validate.reports import (
+from kassay.reports.cases import (
     checks_line,
     fmt_device_ms,
     fmt_host_ms,

@@ -25,23 +25,24 @@ from kassay.api.pages import login_redirect, page
 from kassay.api.route_common import label_filters
 from kassay.api.store import ACTIVE_STATES, JobRecord
 from kassay.errors import KassayError
-from kassay.validate.compare import job_device_kinds
-from kassay.validate.comparison_html import comparison_html
-from kassay.validate.html_report import (
+from kassay.reports import FORMATS
+from kassay.reports.comparison_html import comparison_html
+from kassay.reports.html import (
     COUNTED,
     counts_line,
-    e,
     environment_table,
     failures_list,
-    json_for_script,
     regressions_list,
     suite_sections,
 )
+from kassay.reports.text import e, json_for_script
+from kassay.validate.compare import job_device_kinds
 
 router = APIRouter(include_in_schema=False)
 
 STATES = ("queued", "running", "finished", "cancelled")
-REPORT_FORMATS = ("html", "markdown", "junit", "json")
+#: the report links of a job: every format of the registry, the page-like one first
+REPORT_FORMATS = tuple(sorted(FORMATS, key=lambda f: f != "html"))
 
 
 def _when(t: float | None) -> str:

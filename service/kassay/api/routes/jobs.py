@@ -14,6 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
+from kassay import reports
 from kassay.api.auth import code_denial, require_read, require_write
 from kassay.api.comparisons import compare, report_with_verdict
 from kassay.api.deps import Services, services
@@ -29,16 +30,12 @@ _COALESCE_S = 0.02  # how long an SSE stream lets results gather after a wake-up
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
-ReportFormat = Literal["json", "junit", "markdown", "html"]
 JobState = Literal["queued", "running", "finished", "cancelled"]
-_ACCEPT = {
-    "application/json": "json",
-    "application/xml": "junit",
-    "text/xml": "junit",
-    "application/junit+xml": "junit",
-    "text/markdown": "markdown",
-    "text/html": "html",
-}
+#: ?format= names one of the report registry's formats (kassay.reports.FORMATS)
+_FORMAT = Query(
+    pattern="^(" + "|".join(reports.FORMATS) + ")$",
+    description="one of: " + ", ".join(reports.FORMATS),
+)
 
 
 @router.post(
@@ -151,14 +148,7 @@ async def get_job(job_id: str, request: Request) -> Response:
     "/{job_id}/report",
     responses={
         **ERROR_RESPONSES,
-        200: {
-            "content": {
-                "application/json": {},
-                "application/xml": {},
-                "text/markdown": {},
-                "text/html": {},
-            }
-        },
+        200: {"content": {f.media_type: {} for f in reports.FORMATS.values()}},
     },
     dependencies=[Depends(require_read)],
 )
@@ -166,29 +156,24 @@ def get_report(
     job_id: str,
     request: Request,
     svc: Annotated[Services, Depends(services)],
-    format: ReportFormat | None = None,
+    format: Annotated[str | None, _FORMAT] = None,
 ) -> Response:
-    """The job's report (partial while it runs) as JSON, JUnit XML, Markdown or HTML, chosen
-    by `?format=` or else by the Accept header (JSON by default)."""
-    from kassay.validate.reports import MEDIA_TYPES, render
-
-    fmt = format
-    if fmt is None:
+    """The job's report (partial while it runs) in one of the registry's formats (JSON, JUnit
+    XML, Markdown, HTML), chosen by `?format=` or else by the Accept header (JSON by
+    default)."""
+    chosen = reports.get(format) if format is not None else None
+    if chosen is None:
         for part in request.headers.get("accept", "").split(","):
-            media = part.split(";")[0].strip().lower()
-            if media in _ACCEPT:
-                fmt = _ACCEPT[media]  # type: ignore[assignment]
+            chosen = reports.by_media_type(part.split(";")[0].strip().lower())
+            if chosen is not None:
                 break
-    fmt = fmt or "json"
+    fmt = chosen or reports.get("json")
     report = report_with_verdict(svc.store, job_id)
-    media = MEDIA_TYPES[fmt]
-    if fmt in ("markdown", "html"):
-        media += "; charset=utf-8"
+    media = fmt.media_type + ("; charset=utf-8" if fmt.charset else "")
     headers = {}
-    if fmt != "html":
-        ext = {"json": "json", "junit": "xml", "markdown": "md"}[fmt]
-        headers["Content-Disposition"] = f'inline; filename="{job_id}.{ext}"'
-    return Response(render(report, fmt), media_type=media, headers=headers)
+    if fmt.name != "html":  # a page opens in the browser; the others download by name
+        headers["Content-Disposition"] = f'inline; filename="{job_id}.{fmt.extension}"'
+    return Response(fmt.render(report), media_type=media, headers=headers)
 
 
 @router.get(
@@ -219,7 +204,7 @@ def compare_job(
     memory changes, and which of them are regressions. Without `to` or `to_labels`: the
     verdict the job's spec asks for (compare_to), recorded with the job once it is over.
     404 when no job matches; 409 when the jobs ran on different kinds of device."""
-    from kassay.validate.comparison_report import to_markdown
+    from kassay.reports.comparison_markdown import to_markdown
 
     result = compare(
         svc.store, job_id, to=to, to_labels=label_filters(to_labels) or None, threshold=threshold

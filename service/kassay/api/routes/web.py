@@ -23,8 +23,8 @@ from kassay.api.auth import (
 )
 from kassay.api.pages import page
 from kassay.errors import NotFoundError
+from kassay.reports.text import e
 from kassay.static import MEDIA_TYPES, asset
-from kassay.validate.html_report import e
 
 router = APIRouter(include_in_schema=False)
 

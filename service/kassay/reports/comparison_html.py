@@ -3,8 +3,8 @@ asks for one. Regressions first, then every other change; unchanged keys are cou
 
 from __future__ import annotations
 
+from kassay.reports.text import e, num
 from kassay.validate.comparison import CaseComparison, Comparison
-from kassay.validate.html_report import e, num
 
 
 def _params(c: CaseComparison) -> str:

@@ -11,7 +11,6 @@ element early.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import statistics
@@ -19,6 +18,9 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from kassay.reports.cases import failed_limits
+from kassay.reports.comparison_html import comparison_html
+from kassay.reports.text import _finite, e, json_for_script, num
 from kassay.validate.results import CaseResult, OutputMetrics, Report
 
 BAD_STATUSES = ("failed", "error", "crashed", "timeout")
@@ -28,43 +30,7 @@ STATUS_RANK = {s: i for i, s in enumerate((*BAD_STATUSES, "passed", "unsupported
 COUNTED = ("passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped")
 
 
-def e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def num(v: float | None, fmt: str = ".3g") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float) and not math.isfinite(v):
-        return str(v)
-    return format(v, fmt)
-
-
-def json_for_script(data: Any) -> str:
-    """JSON safe inside a <script> element (no "</script>", no "<!--")."""
-    text = json.dumps(data, allow_nan=False, default=str, separators=(",", ":"))
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _finite(v: float | None) -> float | None:
-    return v if v is not None and math.isfinite(v) else None
-
-
 # ------------------------------------------------------------------------------ the limits
-
-
-def failed_limits(o: OutputMetrics) -> list[str]:
-    """The limits an output broke, each as "metric value > limit", from the recorded errors and
-    thresholds (baseline policy); else the verdict's own reason (absolute policy, NaN/Inf, an
-    unwritten output, a wrong dtype). Empty for a passing output."""
-    if o.passed:
-        return []
-    out = []
-    for metric, limit in (("max_abs", o.threshold_max_abs), ("rel_l2", o.threshold_rel_l2)):
-        value = getattr(o, metric)
-        if limit is not None and not (value <= limit):  # NaN counts as over
-            out.append(f"{metric} {num(value)} > limit {num(limit)}")
-    return out or [o.reason or "failed"]
 
 
 def worst_error(c: CaseResult) -> OutputMetrics | None:
@@ -496,8 +462,6 @@ def standalone(report: Report, css: str, scripts: list[str]) -> str:
     inline = "".join(f"<script>{s}</script>" for s in scripts)
     comparison = ""
     if report.comparison is not None:
-        from kassay.validate.comparison_html import comparison_html
-
         comparison = "<h2>Comparison</h2>" + comparison_html(report.comparison)
     return (
         f"<!doctype html><html lang='en'><head><meta charset='utf-8'><title>{title}</title>"
@@ -508,3 +472,11 @@ def standalone(report: Report, css: str, scripts: list[str]) -> str:
         f"<h2>Cases</h2>{suite_sections(report)}{comparison}"
         f"<h2>Environment</h2>{environment_table(report)}{inline}</body></html>"
     )
+
+
+def to_html(report: Report) -> str:
+    """A standalone page with the job page's per-case content and plots; its style and scripts
+    (Chart.js included) are inlined, so it opens with no network."""
+    from kassay.static import CHART_JS, asset
+
+    return standalone(report, asset("kassay.css"), [asset(CHART_JS), asset("report.js")])

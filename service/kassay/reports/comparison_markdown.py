@@ -3,8 +3,8 @@ what JUnit gets (a regression is a failed testcase with the numbers in its messa
 
 from __future__ import annotations
 
+from kassay.reports.text import md as _md
 from kassay.validate.comparison import CaseComparison, Comparison
-from kassay.validate.reports import _md
 
 MAX_ROWS = 50
 
