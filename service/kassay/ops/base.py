@@ -207,12 +207,3 @@ class Op(ABC):
                 + ", ".join(self.regimes),
                 details={"field": "regimes", "allowed": list(self.regimes)},
             )
-
-
-def __getattr__(name: str) -> Any:
-    # `DTYPES` (name -> torch dtype) moved to the runtime; kept here for old imports.
-    if name == "DTYPES":
-        from kassay.ops.runtime.base import DTYPES
-
-        return DTYPES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

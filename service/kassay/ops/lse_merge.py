@@ -19,7 +19,7 @@ This is the op's torch-free contract; its inputs and float64 reference live in
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, model_validator
 
@@ -123,12 +123,3 @@ class LseMergeOp(Op):
 
 
 OP = LseMergeOp()
-
-
-def __getattr__(name: str) -> Any:
-    # The lse layout helpers moved to the runtime (they take tensors); kept for old imports.
-    if name in ("lse_to_th", "th_to_layout", "merge_float64"):
-        from kassay.ops.runtime import lse_merge as runtime
-
-        return getattr(runtime, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -22,7 +22,25 @@ from kassay.validate.spec import GroupSpec
 from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError
 
 if TYPE_CHECKING:
-    from kassay.worker.supervisor import Supervisor
+    from kassay.worker.artifacts import ArtifactCache
+    from kassay.worker.sandbox import Capabilities, SandboxConfig
+
+
+class ExecutorHost(Protocol):
+    """What an executor source needs of whoever owns the device's executors (the supervisor):
+    its shared executor, the artifact cache and the sandbox's settings and users."""
+
+    artifacts: ArtifactCache | None
+    sandbox_config: SandboxConfig
+    sandbox_caps: Capabilities | None
+    sandbox_uids: set[int]
+
+    async def ensure_executor(self) -> ExecutorProcess: ...
+
+    async def lose_executor(self, exe: ExecutorProcess, *, kill: bool) -> int: ...
+
+    async def spawn_ready(self, **extra: Any) -> tuple[ExecutorProcess, dict[str, Any]]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +67,7 @@ class ExecutorSource(Protocol):
 class SharedExecutor:
     """The supervisor's executor."""
 
-    def __init__(self, sup: Supervisor) -> None:
+    def __init__(self, sup: ExecutorHost) -> None:
         self.sup = sup
 
     async def acquire(self) -> ExecutorProcess:
@@ -66,7 +84,9 @@ class SandboxedExecutor:
     """A sandboxed executor per attempt of one group with artifacts (see the module
     docstring)."""
 
-    def __init__(self, sup: Supervisor, group: GroupSpec, *, include_mutants: bool = False) -> None:
+    def __init__(
+        self, sup: ExecutorHost, group: GroupSpec, *, include_mutants: bool = False
+    ) -> None:
         self.sup = sup
         self.group = group
         self.include_mutants = include_mutants

@@ -11,24 +11,23 @@ runs on sandboxed executors of its own (kassay.worker.executor_source), discarde
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from kassay.validate.case_result import case_result
-from kassay.validate.results import CaseResult, Status
+from kassay.validate.results import CaseResult, Environment, Status
 from kassay.validate.spec import GroupSpec, case_id
 from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError, describe_exit
 from kassay.worker.executor_source import (
+    ExecutorHost,
     ExecutorSource,
     GroupRefused,
     SandboxedExecutor,
     SharedExecutor,
 )
-
-if TYPE_CHECKING:
-    from kassay.worker.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +57,29 @@ class RunHandle:
     groups: list[str] = field(default_factory=list)
 
 
+class RunHost(ExecutorHost, Protocol):
+    """What a running group needs of the supervisor beyond its executors: the worker's id and
+    case timeout, the state it shows in Describe, whether to stop (cancel, drain)."""
+
+    worker_id: str
+    device: str
+    info: dict[str, Any]
+    case_timeout_s: float
+    current_group: str | None
+    current_case: str | None
+    draining: bool
+    interrupt: asyncio.Event
+
+    @property
+    def environment(self) -> Environment | None: ...
+
+    def stop_reason(self, run: RunHandle) -> str | None: ...
+
+    async def mark_busy(self) -> None: ...
+
+    async def mark_idle(self) -> None: ...
+
+
 @dataclass
 class QueuedGroup:
     """A group of a run, waiting for the executor."""
@@ -70,7 +92,7 @@ class GroupRun:
     """The group on the executor now: its progress (results sent, impls left) and the steps that
     follow each case."""
 
-    def __init__(self, sup: Supervisor, item: QueuedGroup) -> None:
+    def __init__(self, sup: RunHost, item: QueuedGroup) -> None:
         self.sup = sup
         self.item = item
         self.run = item.run
