@@ -1,7 +1,7 @@
 """Schema migrations (Alembic) on SQLite and on a real PostgreSQL server: from an empty database,
 from the schema kassay's create_all made before migrations existed (tests/data), the refusal of a
 database behind the schema (naming `kassay db upgrade`), and the migrations agreeing with
-kassay.api.tables."""
+kassay.api.store.tables."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from kassay.api.store import SchemaError, Store
 from kassay.api.store.migrate import alembic_config, head_revision, upgrade
-from kassay.api.tables import metadata
+from kassay.api.store.tables import metadata
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE_MIGRATIONS = ROOT / "tests" / "data" / "schema_before_migrations"
@@ -81,7 +81,7 @@ def test_an_empty_database_upgrades_to_the_head_and_matches_the_tables(empty_url
     try:
         with engine.connect() as conn:
             assert set(inspect(conn).get_table_names()) >= TABLES
-            # what the revisions built is what kassay.api.tables declares: a change to the
+            # what the revisions built is what kassay.api.store.tables declares: a change to the
             # tables without a new revision fails here
             diff = compare_metadata(MigrationContext.configure(conn), metadata)
         assert diff == []
@@ -197,7 +197,7 @@ def test_the_migrations_ship_inside_the_package() -> None:
     """A pip install has them: they live under kassay/ and setuptools packages their files."""
     import tomllib
 
-    from kassay.api import migrations
+    from kassay.api.store import migrations
 
     folder = Path(migrations.__file__).parent
     assert (folder / "env.py").is_file() and (folder / "script.py.mako").is_file()

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Engine, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from kassay.api.tables import artifacts, job_artifacts
+from kassay.api.store.tables import artifacts, job_artifacts
 from kassay.errors import NotFoundError
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import Connection, Engine, and_, insert, select
 from sqlalchemy.exc import IntegrityError
 
 from kassay.api.store.jobs import JobRecord, label_filters
-from kassay.api.tables import case_keys, cases, comparisons, jobs
+from kassay.api.store.tables import case_keys, cases, comparisons, jobs
 from kassay.validate.compare import case_key, device_kind, key_parts
 from kassay.validate.comparison import Comparison
 from kassay.validate.results import CaseResult

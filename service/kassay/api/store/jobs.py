@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import ColumnElement, Engine, and_, bindparam, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 
-from kassay.api.tables import STATUS_COLUMNS, cases, groups, job_labels, jobs
+from kassay.api.store.tables import STATUS_COLUMNS, cases, groups, job_labels, jobs
 from kassay.errors import ConflictError, NotFoundError
 from kassay.validate.spec import GroupSpec, JobSpec
 

@@ -1,4 +1,4 @@
-"""The store's schema version: Alembic migrations (shipped in kassay/api/migrations), the check an
+"""The store's schema version: Alembic migrations (shipped in kassay/api/store/migrations), the check an
 API runs before it serves, and `kassay db upgrade`.
 
 Rules:
@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 
 from kassay.api.store.database import make_engine, sqlite_file
 
-MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: pg_advisory_lock key of schema upgrades (any constant unique to kassay will do)
 _PG_LOCK_KEY = 0x6B617373_6179
 

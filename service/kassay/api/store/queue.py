@@ -25,7 +25,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from kassay.api.store.jobs import ACTIVE_STATES, JobRecord, Jobs
 from kassay.api.store.results import Results
-from kassay.api.tables import cases, groups, jobs
+from kassay.api.store.tables import cases, groups, jobs
 from kassay.validate.results import Status
 from kassay.validate.spec import GroupSpec
 

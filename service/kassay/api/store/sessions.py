@@ -9,7 +9,7 @@ import time
 from sqlalchemy import Engine, delete, insert, select
 from sqlalchemy.exc import IntegrityError
 
-from kassay.api.tables import revoked_sessions
+from kassay.api.store.tables import revoked_sessions
 
 
 class Sessions:

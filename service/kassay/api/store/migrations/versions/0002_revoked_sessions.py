@@ -1,7 +1,7 @@
 """Signed-out browser sessions: the cookie's HMAC and when it would have expired (#31: sign-out
 left the old cookie valid).
 
-A frozen copy of the table (a revision never imports kassay.api.tables).
+A frozen copy of the table (a revision never imports kassay.api.store.tables).
 
 Revision ID: 0002
 Revises: 0001

@@ -1,7 +1,7 @@
 """The store's schema as it was when migrations began: jobs, job_labels, groups, cases,
 artifacts, job_artifacts, case_keys, comparisons.
 
-A frozen copy (a revision never imports kassay.api.tables, which moves on). It creates only the
+A frozen copy (a revision never imports kassay.api.store.tables, which moves on). It creates only the
 tables a database lacks: a database made by `create_all` before migrations existed (every
 earlier kassay) already holds some or all of them, with these very definitions (tables were only
 ever added, never changed), and is adopted as it is.

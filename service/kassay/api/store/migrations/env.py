@@ -9,7 +9,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from kassay.api.store.database import make_engine
-from kassay.api.tables import metadata
+from kassay.api.store.tables import metadata
 
 config = context.config
 

@@ -5,7 +5,7 @@ Times are float epoch seconds (portable across SQLite and PostgreSQL, cheap to c
 A case row exists from submission on; its status and result fill in when the worker reports it,
 so an unfinished case is a row whose status is NULL.
 
-Every change to these tables needs an Alembic revision (kassay/api/migrations/versions; a test
+Every change to these tables needs an Alembic revision (kassay/api/store/migrations/versions; a test
 fails while they disagree): databases are created and upgraded by `kassay db upgrade`, never by
 create_all. History: `case_keys` indexes every case result by its case key (kassay.validate.compare)
 for the series of one case over jobs; `comparisons` records the verdict of a job whose spec
