@@ -15,7 +15,7 @@ Two more modes:
              target shapes, with every peer's (time, peak memory) point from the same run.
              Plot it on any machine with matplotlib: python3 bench/flce_plot.py <json>.
   --ab       kassay's default call only (both shapes, repeated do_bench medians): the speed
-             half of an A/B of two versions (research/flce_package_ab.py runs both, alternating).
+             half of an A/B of two versions (research/NOTES-probes.md (flce_package_ab) runs both, alternating).
 
 Why it times on its own and not through `kassay run`: it sweeps kassay's FlceConfig (memory
 budget, chunk rows) and reads peak memory per configuration, which the engine's `kassay` impl
@@ -25,7 +25,7 @@ target shape). The side-by-side tables users see come from `kassay run examples/
 
 Needs only torch + triton (+ liger-kernel / cut-cross-entropy when installed). Uses kassay's
 public API only (`kassay.kernels`); the stage breakdown and GEMM probes that reach into the
-launchers are in research/flce_speed_probe.py.
+launchers are in research/NOTES-probes.md (flce_speed_probe).
 """
 
 from __future__ import annotations

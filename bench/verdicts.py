@@ -62,7 +62,7 @@ def known_finding(impl: str, regime: str, case: str, message: str) -> str | None
             "z_loss_1d has dtype=_input.dtype while loss_1d is float32)"
         )
     if impl == "cce" and sixteen and _failed_outputs(message) == {"grad_input"}:
-        # measured, not read: research/cce_filter_probe.py at N=8192 H=4096 V=128256 bf16 gives
+        # measured, not read: research/NOTES-probes.md (cce_filter_probe) at N=8192 H=4096 V=128256 bf16 gives
         # CCE's grad_input 5.3x eager's rel_l2 with its default filter and 4.1x without it; a
         # bias or an error beyond that size is not this finding
         m = re.search(r"grad_input: .*?rel_l2 ([0-9.e+-]+) > ([0-9.e+-]+) \(2 x baseline", message)

@@ -19,8 +19,7 @@
 #   timed     alone on the GPU: the timing GPU tests (device time vs the profiler, the gate's
 #             slowed runs) and #15's bench/ci_latency.py (~300 s)
 #   engine    alone on the GPU: the README's engine table from examples/h200.yaml (~150 s)
-#   flce      #21: A/B of the default call against the package before the option parity merge
-#             (needs .ab_base: see research/flce_package_ab.py) and the memory-speed curve (~400 s)
+#   flce      the memory-speed curve of the default call (~300 s)
 #   gputests  the whole GPU test suite, alone (~400 s)
 set -uo pipefail
 stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests}
@@ -61,7 +60,6 @@ correct)
     ;;
 timed)
     step gpu-timed 200 python3 -m pytest -q -m gpu "${timing_tests[@]}" -p no:cacheprovider
-    step graph-pool-probe 60 python3 research/graph_pool_probe.py fail-first
     step ci-latency 300 python3 bench/ci_latency.py --out "$out/ci-latency-h200-$day.json" \
         --log "$out/ci-latency-serve.log"
     ;;
@@ -72,12 +70,6 @@ engine)
         --json "$out/h200-engine-$day.json" --markdown "$out/h200-engine-$day.md"
     ;;
 flce)
-    if [ -d .ab_base/service ]; then
-        step flce-ab 280 python3 research/flce_package_ab.py --base .ab_base/service \
-            --new service --out "$out/flce-package-ab-h200-$day.json"
-    else
-        echo "== flce-ab: skipped, no .ab_base (see research/flce_package_ab.py)"
-    fi
     step flce-budgets 280 python3 bench/flce.py --budgets --out "$out/flce-budgets-h200-$day.json"
     ;;
 gputests)

@@ -41,13 +41,13 @@ def test_page_locked_references_copy_back_faster_and_intact() -> None:
     locked_s, locked = _hit_seconds(page_lock=True)
     pageable_s, pageable_locked = _hit_seconds(page_lock=False)
     assert locked and not pageable_locked
-    # H200: 0.08 s against 0.50 s for 3.9 GiB (research/host_copy_probe.py); 2x is a floor
+    # H200: 0.08 s against 0.50 s for 3.9 GiB (research/NOTES-probes.md (host_copy_probe)); 2x is a floor
     assert locked_s < pageable_s / 2, (locked_s, pageable_s)
 
 
 def test_a_refused_lock_leaves_no_error_for_the_next_launch() -> None:
     """Locking memory twice is refused (cudaErrorHostMemoryAlreadyRegistered); without clearing
-    the runtime's last error, the next kernel launch raised it (research/cudart_error_probe.py)."""
+    the runtime's last error, the next kernel launch raised it (research/NOTES-probes.md (cudart_error_probe))."""
     from kassay.validate.reference_cache import _page_lock
 
     host = torch.empty(1 << 20, dtype=torch.float64)

@@ -7,9 +7,7 @@ bench/*.py must not reach into kassay.kernels' private names (a module or name s
 from __future__ import annotations
 
 import ast
-import os
-import subprocess
-import sys
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,22 +95,17 @@ def test_the_check_finds_private_uses():
     assert private_kernel_uses(ok) == []
 
 
-def test_probes_live_in_research_and_import():
+def test_research_keeps_what_was_learned_not_probe_scripts():
+    """bench/ keeps what users run; research/ keeps notes with the results and the commands
+    (NOTES-probes.md: the probes' scripts are in git history), the result files and the list of
+    H200 runs still pending, no scripts to rot."""
     assert not list((ROOT / "bench").glob("*probe*.py"))
     assert not list((ROOT / "bench").glob("NOTES-*.md"))
-    scripts = sorted((ROOT / "research").glob("*.py"))
-    assert len(scripts) >= 10 and (ROOT / "research" / "README.md").is_file()
-    for p in scripts:
-        ast.parse(p.read_text(), filename=str(p))
-    # one interpreter imports every probe module (their main() is not run)
-    names = ", ".join(p.stem for p in scripts)
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1"),
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "research"), str(ROOT / "service")]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", f"import {names}"],
-        cwd=ROOT / "research", capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list((ROOT / "research").glob("*.py"))
+    notes = (ROOT / "research" / "NOTES-probes.md").read_text()
+    assert (ROOT / "research" / "README.md").is_file()
+    # every result file a note names is still there
+    named = set(re.findall(r"research/results/([\w.\-]+\.(?:json|log|txt|csv))", notes))
+    assert len(named) >= 10
+    for name in named:
+        assert (ROOT / "research" / "results" / name).exists(), name

@@ -1,5 +1,5 @@
 """The sandbox's PID namespace: on for CPU executors, off for GPU ones (CUDA fails to initialise
-in a new PID namespace: error 304 on the H200, research/sandbox_cuda_probe.py)."""
+in a new PID namespace: error 304 on the H200, research/NOTES-probes.md (sandbox_cuda_probe))."""
 
 from __future__ import annotations
 

@@ -16,9 +16,9 @@ the reference again.
 
 On CUDA the host copies are page-locked where they lie (cudaHostRegister, undone when the copy
 is freed): a pageable 3.9 GiB reference took 0.50 s back to the H200 and 3.1 s to the host, a
-page-locked one 0.08 s back (research/host_copy_probe.py). A refused registration leaves its
+page-locked one 0.08 s back (research/NOTES-probes.md (host_copy_probe)). A refused registration leaves its
 error as the CUDA runtime's last error, which the next kernel launch's check in torch raises
-(research/cudart_error_probe.py), and torch binds no cudaGetLastError: kassay calls it in the
+(research/NOTES-probes.md (cudart_error_probe)), and torch binds no cudaGetLastError: kassay calls it in the
 runtime torch loaded, and locks nothing where it cannot find it.
 `KASSAY_REFERENCE_CACHE_PINNED=false` never locks any (locked memory cannot be swapped out).
 
