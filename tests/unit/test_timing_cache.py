@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kassay.validate import reports
+from kassay import reports
 from kassay.validate.engine import run_group
 from kassay.validate.reference_cache import ReferenceCache
 from kassay.validate.results import Report, Summary
