@@ -146,7 +146,11 @@ def ensure_current(engine: Engine, url: str) -> SchemaState:
         if conn.dialect.name == "sqlite":
             # Read again under the lock: SQLite's DDL is not transactional here, so another
             # process upgrading the file right now shows some of its tables and no revision yet,
-            # which alone reads as a database from before migrations.
+            # which alone reads as a database from before migrations. The first read's
+            # transaction ends first: in WAL mode a write from a snapshot older than another
+            # process's upgrade fails at once with "database is locked" (seen with six replicas
+            # opening one new file together once the schema had two revisions).
+            conn.rollback()
             with _upgrade_lock(conn, url):
                 st = state(conn)
                 if st.empty:
