@@ -62,6 +62,18 @@ def _submit(procs, url: str, spec: Path, *args: str) -> tuple[int, str]:
     return r.returncode, r.stdout + r.stderr  # piped: the CI log's summary is on stdout
 
 
+def _pr_run(procs, url: str, spec: Path, commit: str, *args: str) -> tuple[int, str]:
+    """A CI step of a pull request: the job labelled branch=pr and `commit`, compared with
+    main, gating on a regression."""
+    return _submit(
+        procs,
+        url,
+        spec,
+        *("--label", "branch=pr", "--label", f"commit={commit}"),
+        *("--compare-to", "branch=main", "--fail-on-regression", *args),
+    )
+
+
 def _slowable(comparison) -> dict:
     (case,) = [c for c in comparison.cases if c.impl == "slowable"]
     return case
@@ -122,18 +134,7 @@ def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
             assert base.ok, base
             # the same code five times: no regression, the gate passes (exit 0)
             for i in range(runs):
-                code, err = _submit(
-                    procs,
-                    url,
-                    spec,
-                    "--label",
-                    "branch=pr",
-                    "--label",
-                    f"commit=same{i}",
-                    "--compare-to",
-                    "branch=main",
-                    "--fail-on-regression",
-                )
+                code, err = _pr_run(procs, url, spec, f"same{i}")
                 gates["same"].append((code, err))
             pr_jobs = client.jobs.list(labels={"branch": "pr"}, limit=runs).items
             for job in pr_jobs:
@@ -158,20 +159,7 @@ def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
             procs.wait_ready(api, slowed)
             for i in range(runs):
                 junit = tmp_path / f"slow{i}.xml"
-                code, err = _submit(
-                    procs,
-                    url,
-                    spec,
-                    "--label",
-                    "branch=pr",
-                    "--label",
-                    f"commit=slow{i}",
-                    "--compare-to",
-                    "branch=main",
-                    "--fail-on-regression",
-                    "--junit",
-                    str(junit),
-                )
+                code, err = _pr_run(procs, url, spec, f"slow{i}", "--junit", str(junit))
                 job = client.jobs.list(labels={"commit": f"slow{i}"}).items[0]
                 speeds["slower"].append(_slowable(client.jobs.compare(job.id)).speed)
                 gates["slower"].append((code, err))

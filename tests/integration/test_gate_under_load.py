@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import yaml
-from test_compare_gate import QUIET, SPEC, _slowable, _submit
+from test_compare_gate import QUIET, SPEC, _pr_run, _slowable
 
 from kassay_client import Client
 
@@ -63,42 +63,21 @@ def test_no_false_regression_under_load_and_20_percent_still_flagged(
                 timeout=120,
             )
             assert base.ok, base
+
+            def gate(commit: str) -> tuple[int, dict]:
+                """One PR's gate: its exit code and the speed verdict of its comparison."""
+                code, _err = _pr_run(procs, url, spec, commit)
+                job = client.jobs.list(labels={"commit": commit}).items[0]
+                return code, _slowable(client.jobs.compare(job.id)).speed
+
             load = _busy(2)
-            for i in range(SAME_RUNS):
-                code, _err = _submit(
-                    procs,
-                    url,
-                    spec,
-                    "--label",
-                    "branch=pr",
-                    "--label",
-                    f"commit=same{i}",
-                    "--compare-to",
-                    "branch=main",
-                    "--fail-on-regression",
-                )
-                job = client.jobs.list(labels={"commit": f"same{i}"}).items[0]
-                verdicts["same"].append((code, _slowable(client.jobs.compare(job.id)).speed))
+            verdicts["same"] = [gate(f"same{i}") for i in range(SAME_RUNS)]
             steady.stop()
             slowed = procs.worker(
                 "slowed", port=slowed_port, env={**QUIET, "KASSAY_TEST_EXTRA_PASS": "0.2"}
             )
             procs.wait_ready(api, slowed)
-            for i in range(SLOW_RUNS):
-                code, _err = _submit(
-                    procs,
-                    url,
-                    spec,
-                    "--label",
-                    "branch=pr",
-                    "--label",
-                    f"commit=slow{i}",
-                    "--compare-to",
-                    "branch=main",
-                    "--fail-on-regression",
-                )
-                job = client.jobs.list(labels={"commit": f"slow{i}"}).items[0]
-                verdicts["slower"].append((code, _slowable(client.jobs.compare(job.id)).speed))
+            verdicts["slower"] = [gate(f"slow{i}") for i in range(SLOW_RUNS)]
     finally:
         for p in load:
             p.kill()

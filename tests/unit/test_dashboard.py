@@ -341,3 +341,18 @@ def test_static_files_are_served(tmp_path: Path, name: str) -> None:
     with _client(tmp_path) as c:
         r = c.get(f"/static/{name}")
         assert r.status_code == 200 and len(r.text) > 100
+
+
+def test_the_jobs_list_shows_each_jobs_comparison_verdict(tmp_path: Path) -> None:
+    with _client(tmp_path) as c:
+        finished_job(c, {"branch": "main"})
+        gate = {**SPEC, "compare_to": {"labels": {"branch": "main"}}}
+        slow = finished_job(c, {"branch": "pr"}, slow=1.2, spec=gate)
+        same = finished_job(c, {"branch": "pr"}, spec=gate, commit="same")
+        c.get(f"/v1/jobs/{slow}/compare")  # the verdicts are recorded when first asked
+        c.get(f"/v1/jobs/{same}/compare")
+        page = c.get("/").text
+    row = {
+        jid: re.search(rf"data-job-id='{jid}'.*?</tr>", page, re.S).group(0) for jid in (slow, same)
+    }
+    assert "1 regression(s)" in row[slow] and "no regression" in row[same]

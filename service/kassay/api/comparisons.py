@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
@@ -155,28 +156,39 @@ def report_with_verdict(store: Store, job_id: str) -> Report:
 SINCE_DEPTH = 10
 
 
-def _mark_broken_since(store: Store, report: Report, labels: dict[str, str]) -> None:
-    """Set `broken_since` on each case of `report` that does not pass and whose key is broken
-    in the latest job of the series with `labels` too: where that run of breaks started."""
-    from kassay.api.history_view import BROKEN, broken_since, keyed_choices
-    from kassay.validate.compare import job_device_kinds
+def series_breaks(
+    store: Store, labels: dict[str, str], depth: int, *, skip_job: str | None = None
+) -> tuple[list[JobRecord], list[dict[str, Any]]]:
+    """The latest `depth` finished jobs with `labels` (newest first, `skip_job` left out) and
+    every case key broken in the newest of them, with where its run of breaks started
+    (kassay.api.history_view.broken_since): the history page's overview and a report's
+    `broken_since` read it alike."""
+    from kassay.api.history_view import broken_since
 
-    bad = {c.case_id for c in report.cases if c.status in BROKEN}
-    if not bad:
-        return
     jobs = [
         j
-        for j in store.list_jobs(state="finished", labels=labels, limit=SINCE_DEPTH + 1)
-        if j.id != report.job_id
-    ][:SINCE_DEPTH]
+        for j in store.list_jobs(state="finished", labels=labels, limit=depth + 1)
+        if j.id != skip_job
+    ][:depth]
     if not jobs:
-        return
-    series = [store.report(j.id) for j in jobs]
+        return [], []
     regressed = []
     for j in jobs:
         _has, comp, _note = store.history.recorded_comparison(j.id)
         regressed.append({c.key for c in comp.cases if c.regression} if comp else set())
-    since = {r["key"]: str(r["since"]) for r in broken_since(series, regressed)}
+    return jobs, broken_since([store.report(j.id) for j in jobs], regressed)
+
+
+def _mark_broken_since(store: Store, report: Report, labels: dict[str, str]) -> None:
+    """Set `broken_since` on each case of `report` that does not pass and whose key is broken
+    in the latest job of the series with `labels` too: where that run of breaks started."""
+    from kassay.api.history_view import BROKEN, keyed_choices
+
+    bad = {c.case_id for c in report.cases if c.status in BROKEN}
+    if not bad:
+        return
+    _jobs, rows = series_breaks(store, labels, SINCE_DEPTH, skip_job=report.job_id)
+    since = {r["key"]: str(r["since"]) for r in rows}
     for key, case in keyed_choices(report, job_device_kinds(report)):
         if case.case_id in bad and key in since:
             case.broken_since = since[key]

@@ -144,13 +144,18 @@ def effective_floor(
 
 def participation(ref: torch.Tensor) -> float:
     """(sum r^2)^2 / sum r^4 over the finite elements of `ref`: how many elements carry its
-    weight (n for a flat tensor, 1 for a one-hot one); 1.0 when there is nothing."""
-    r = ref.detach().reshape(-1)
-    r = torch.where(torch.isfinite(r), r, torch.zeros_like(r)).double()
-    s2 = (r * r).sum()
-    s4 = (r**4).sum()
-    s2f, s4f = s2.item(), s4.item()
-    return s2f * s2f / s4f if s4f > 0 else 1.0
+    weight (n for a flat tensor, 1 for a one-hot one); 1.0 when there is nothing. In slices
+    (_SLICE elements): a whole [V, H] float64 reference's temporaries would outgrow the memory
+    its group was admitted with; one host read at the end."""
+    flat = ref.detach().reshape(-1)
+    sums = torch.zeros(2, dtype=torch.float64, device=flat.device)
+    for i in range(0, flat.numel(), _SLICE):
+        r = flat[i : i + _SLICE].double()
+        r2 = torch.where(torch.isfinite(r), r * r, torch.zeros_like(r))
+        sums[0] += r2.sum()
+        sums[1] += r2.square_().sum()
+    s2, s4 = sums.tolist()
+    return s2 * s2 / s4 if s4 > 0 else 1.0
 
 
 def ref_rms(ref: torch.Tensor) -> float:

@@ -164,67 +164,55 @@ class RemoteImpls:
         try:
             if not self.alive:
                 self._start()
-            return self._call(op, name, inputs, params, timing, capture_key)
+            headers = self._write_inputs(inputs)
+            self.chan.send(
+                {
+                    "type": "call",
+                    "op": op,
+                    "impl": name,
+                    "params": params.model_dump(),
+                    "inputs": headers,
+                    "timing": timing,
+                    "capture_key": capture_key,
+                }
+            )
+            msg = self._recv()
+            kind = msg.get("type")
+            if kind == "unsupported":
+                return RemoteRun(unsupported=str(msg.get("reason", ""))[:2000] or "unsupported")
+            if kind != "outputs":
+                return RemoteRun(error=str(msg.get("error", f"unexpected reply {kind!r}"))[:4000])
+            cap = OUTPUT_FACTOR * sum(t.numel() * t.element_size() for t in inputs.values())
+            cap += OUTPUT_SLACK
+            try:
+                outs = tensor_files.read_all(msg.get("outputs"), self.workdir, self.device, cap)
+                again = msg.get("second")
+                second = (
+                    tensor_files.read_all(again, self.workdir, self.device, cap)
+                    if again is not None
+                    else None
+                )
+            except tensor_files.TensorFileError as exc:
+                return RemoteRun(error=f"the sandbox handed back no usable outputs: {exc}")
+            finally:
+                self._drop(msg.get("outputs"))
+                self._drop(msg.get("second"))
+            timing_dump = msg.get("timing")
+            peak = msg.get("peak_bytes")
+            ms = msg.get("ms")
+            interpreted = msg.get("interpreted")
+            return RemoteRun(
+                outputs=outs,
+                second=second,
+                timing=timing_dump if isinstance(timing_dump, dict) else None,
+                timing_error=str(msg.get("timing_error") or "")[:2000],
+                peak_bytes=peak if isinstance(peak, int) and peak >= 0 else None,
+                ms=float(ms) if isinstance(ms, (int, float)) else 0.0,
+                interpreted=interpreted if isinstance(interpreted, int) else 0,
+            )
         except (RunnerGone, OSError) as exc:
             self.kill()
-            self.alive = False
             return RemoteRun(error=str(exc), crashed=True)
-
-    def _call(
-        self,
-        op: str,
-        name: str,
-        inputs: dict[str, torch.Tensor],
-        params: Any,
-        timing: dict[str, Any] | None,
-        capture_key: str,
-    ) -> RemoteRun:
-        headers = self._write_inputs(inputs)
-        self.chan.send(
-            {
-                "type": "call",
-                "op": op,
-                "impl": name,
-                "params": params.model_dump(),
-                "inputs": headers,
-                "timing": timing,
-                "capture_key": capture_key,
-            }
-        )
-        msg = self._recv()
-        kind = msg.get("type")
-        if kind == "unsupported":
-            return RemoteRun(unsupported=str(msg.get("reason", ""))[:2000] or "unsupported")
-        if kind != "outputs":
-            return RemoteRun(error=str(msg.get("error", f"unexpected reply {kind!r}"))[:4000])
-        cap = OUTPUT_FACTOR * sum(t.numel() * t.element_size() for t in inputs.values())
-        cap += OUTPUT_SLACK
-        try:
-            outs = tensor_files.read_all(msg.get("outputs"), self.workdir, self.device, cap)
-            again = msg.get("second")
-            second = (
-                tensor_files.read_all(again, self.workdir, self.device, cap)
-                if again is not None
-                else None
-            )
-        except tensor_files.TensorFileError as exc:
-            return RemoteRun(error=f"the sandbox handed back no usable outputs: {exc}")
-        finally:
-            self._drop(msg.get("outputs"))
-            self._drop(msg.get("second"))
-        timing_dump = msg.get("timing")
-        peak = msg.get("peak_bytes")
-        ms = msg.get("ms")
-        interpreted = msg.get("interpreted")
-        return RemoteRun(
-            outputs=outs,
-            second=second,
-            timing=timing_dump if isinstance(timing_dump, dict) else None,
-            timing_error=str(msg.get("timing_error") or "")[:2000],
-            peak_bytes=peak if isinstance(peak, int) and peak >= 0 else None,
-            ms=float(ms) if isinstance(ms, (int, float)) else 0.0,
-            interpreted=interpreted if isinstance(interpreted, int) else 0,
-        )
 
     def kill(self) -> None:
         self.alive = False

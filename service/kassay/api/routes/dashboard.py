@@ -18,9 +18,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response
 
-from kassay.api.comparisons import compare, report_with_verdict
+from kassay.api.comparisons import compare, report_with_verdict, series_breaks
 from kassay.api.deps import Services, services
-from kassay.api.history_view import broken_since, keyed_choices, point_label, series_points
+from kassay.api.history_view import keyed_choices, point_label, series_points
 from kassay.api.pages import login_redirect, page
 from kassay.api.route_common import label_filters
 from kassay.api.store import ACTIVE_STATES, JobRecord
@@ -75,23 +75,21 @@ def _report_links(job_id: str) -> str:
     )
 
 
-def _vs(j: JobRecord, svc: Services) -> str:
-    """The jobs list's comparison cell: the verdict of the job's compare_to, if it asked."""
-    if j.state in ACTIVE_STATES:
+def _vs(j: JobRecord, regressions: dict[str, int | None]) -> str:
+    """The jobs list's comparison cell: the verdict of the job's compare_to, if it recorded one
+    (`regressions`: History.regression_counts of the page)."""
+    if j.state in ACTIVE_STATES or j.id not in regressions:
         return "<td class='muted'>-</td>"
-    recorded, comp, note = svc.store.history.recorded_comparison(j.id)
     link = f"/compare?a={e(j.id)}"
-    if not recorded:  # the job asked for no comparison
-        return "<td class='muted'>-</td>"
-    if comp is None:
-        return f"<td class='muted' title='{e(note)}'>none yet</td>"
-    n = comp.summary.regressions
+    n = regressions[j.id]
+    if n is None:
+        return "<td class='muted'>none yet</td>"
     if not n:
         return f"<td class='ok'><a href='{link}'>no regression</a></td>"
     return f"<td class='bad'><a href='{link}'>{n} regression(s)</a></td>"
 
 
-def _job_row(j: JobRecord, filters: dict[str, str], svc: Services) -> str:
+def _job_row(j: JobRecord, filters: dict[str, str], regressions: dict[str, int | None]) -> str:
     c = j.counts
     active = " data-active" if j.state in ACTIVE_STATES else ""
     counts = "".join(
@@ -106,7 +104,7 @@ def _job_row(j: JobRecord, filters: dict[str, str], svc: Services) -> str:
         f"data-job-total='{j.total}'{active}><td><a href='/jobs/{e(j.id)}'>{e(j.id)}</a></td>"
         f"<td>{e(j.name)}</td><td><span data-state class='{_verdict_class(j)}'>{_verdict(j)}"
         f"</span></td><td>{_progress(j.done, j.total)}</td>{counts}"
-        f"<td data-count='pending'>{j.total - j.done}</td>{_vs(j, svc)}<td>{label_links}</td>"
+        f"<td data-count='pending'>{j.total - j.done}</td>{_vs(j, regressions)}<td>{label_links}</td>"
         f"<td class='muted'>{_when(j.created_at)}</td><td>{_report_links(j.id)}</td></tr>"
     )
 
@@ -142,7 +140,8 @@ def jobs_page(
     more, rows = len(rows) > limit, rows[:limit]
     filters = {k: v for k, v in (("state", state), ("name", name)) if v}
     filters_with_label = [*filters.items(), *(("label", x) for x in label)]
-    body_rows = "".join(_job_row(j, filters, svc) for j in rows)
+    regressions = svc.store.history.regression_counts([j.id for j in rows])
+    body_rows = "".join(_job_row(j, filters, regressions) for j in rows)
     if not body_rows:
         body_rows = "<tr><td colspan='15'>no jobs match</td></tr>"
     pager = []
@@ -339,15 +338,9 @@ OVERVIEW_DEPTH = 20
 
 def _broken_overview(svc: Services, wanted: dict[str, str], labels: str) -> str:
     """What is broken in the latest finished job with these labels, and since when."""
-    jobs = svc.store.list_jobs(state="finished", labels=wanted, limit=OVERVIEW_DEPTH)
+    jobs, rows = series_breaks(svc.store, wanted, OVERVIEW_DEPTH)
     if not jobs:
         return ""
-    reports = [svc.store.report(j.id) for j in jobs]
-    regressed = []
-    for j in jobs:
-        _has, comp, _note = svc.store.history.recorded_comparison(j.id)
-        regressed.append({c.key for c in comp.cases if c.regression} if comp else set())
-    rows = broken_since(reports, regressed)
     latest = jobs[0]
     head = (
         f"<h2>Broken now</h2><p>in the latest finished job with {e(labels)}: "

@@ -129,6 +129,22 @@ class History:
         result = Comparison.model_validate(row.result) if row.result is not None else None
         return True, result, row.note or ""
 
+    def regression_counts(self, job_ids: list[str]) -> dict[str, int | None]:
+        """For the jobs among `job_ids` that recorded a comparison: its regression count (None:
+        nothing matched to compare with). One query for a page of jobs."""
+        if not job_ids:
+            return {}
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(comparisons.c.job_id, comparisons.c.result).where(
+                    comparisons.c.job_id.in_(job_ids)
+                )
+            ).all()
+        return {
+            r.job_id: (int(r.result["summary"]["regressions"]) if r.result is not None else None)
+            for r in rows
+        }
+
     def series(
         self,
         key: str,

@@ -147,9 +147,9 @@ def ensure_current(engine: Engine, url: str) -> SchemaState:
             # Read again under the lock: SQLite's DDL is not transactional here, so another
             # process upgrading the file right now shows some of its tables and no revision yet,
             # which alone reads as a database from before migrations. The first read's
-            # transaction ends first: in WAL mode a write from a snapshot older than another
-            # process's upgrade fails at once with "database is locked" (seen with six replicas
-            # opening one new file together once the schema had two revisions).
+            # transaction ends first: under the lock the read must see another process's
+            # finished upgrade, not this connection's older snapshot (in WAL mode a write from
+            # a stale snapshot fails at once).
             conn.rollback()
             with _upgrade_lock(conn, url):
                 st = state(conn)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from kassay.impls import flce_harness
 from kassay.impls.registry import Impl, register
+from kassay.impls.torch_impls import _mean_divisor, _safe_div
 from kassay.ops.flce import FlceParams
 
 CHUNKS = 8
@@ -45,7 +46,7 @@ class _Design:
     def __init__(self, logits: str, formula: str, chunks: int = 1, kahan: bool = False) -> None:
         self.logits, self.formula, self.chunks, self.kahan = logits, formula, chunks, kahan
 
-    def work_dtype(self, p: FlceParams) -> torch.dtype:
+    def work_dtype(self) -> torch.dtype:
         return torch.float64 if self.logits == "float64" else torch.float32
 
     def logits_of(
@@ -57,13 +58,13 @@ class _Design:
             xc, wc = x.to(cd), w.to(cd)
             z = torch.addmm(b.to(cd), xc, wc.T) if b is not None else xc @ wc.T
             return z.float()
-        wd = self.work_dtype(p)
+        wd = self.work_dtype()
         z = x.to(wd) @ w.to(wd).T
         return z + b.to(wd) if b is not None else z
 
     def gemm_dtype(self, p: FlceParams) -> torch.dtype:
         """dtype of the gradient GEMMs' operands (eager rounds dlogits to the compute dtype)."""
-        return p.compute_dtype if self.logits == "compute" else self.work_dtype(p)
+        return p.compute_dtype if self.logits == "compute" else self.work_dtype()
 
 
 def _rows_forward(
@@ -200,7 +201,7 @@ class _FlceFn(torch.autograd.Function):
         valid = target != p.ignore_index
         n = x.shape[0]
         step = max(1, math.ceil(n / design.chunks))
-        wd = design.work_dtype(p)
+        wd = design.work_dtype()
         gd = design.gemm_dtype(p)
         gx = torch.empty(x.shape, dtype=wd, device=x.device)
         gw = _Kahan(torch.zeros(w.shape, dtype=wd, device=w.device), design.kahan)
@@ -229,8 +230,33 @@ class _FlceFn(torch.autograd.Function):
         )
 
 
-def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
-    return num / den if float(den) != 0 else num * 0.0
+def _reduce(
+    ce: torch.Tensor,
+    zl: torch.Tensor,
+    hits: torch.Tensor,
+    target: torch.Tensor,
+    valid: torch.Tensor,
+    ce_weight: torch.Tensor | None,
+    p: FlceParams,
+) -> Any:
+    """Rows' CE [N], z-loss [N] and argmax hits [N] reduced as the op defines (mean: CE over
+    the non-ignored rows or their classes' weights, z-loss over the rows, 0/0 = 0); the loss_fn
+    result the harness takes."""
+    if p.reduction == "none":
+        loss, z_loss, acc = ce + zl, zl, hits
+    else:
+        n_valid = valid.sum().float()
+        acc = _safe_div(hits.sum(), n_valid)
+        if p.reduction == "sum":
+            loss, z_loss = ce.sum() + zl.sum(), zl.sum()
+        else:
+            cw = ce_weight.float() if ce_weight is not None else None
+            z_loss = _safe_div(zl.sum(), n_valid)
+            loss = _safe_div(ce.sum(), _mean_divisor(target, valid, cw)) + z_loss
+    loss, z_loss = loss.float(), z_loss.float()
+    if p.return_token_accuracy:
+        return loss, z_loss, acc
+    return (loss, z_loss) if p.return_z_loss else loss
 
 
 def _loss_fn(design: _Design) -> Any:
@@ -245,25 +271,7 @@ def _loss_fn(design: _Design) -> Any:
         # the design decides every dtype: autocast's own casts are not wanted inside
         with torch.autocast(x.device.type, enabled=False):
             ce, zl, hits = _FlceFn.apply(x, w, b, target, ce_weight, p, design)
-            valid = target != p.ignore_index
-            n_valid = valid.sum().to(ce.dtype)
-            if p.reduction == "none":
-                loss, z_loss, acc = ce + zl, zl, hits
-            elif p.reduction == "sum":
-                loss, z_loss = ce.sum() + zl.sum(), zl.sum()
-                acc = _safe_div(hits.sum(), n_valid.float())
-            else:
-                div = n_valid
-                if ce_weight is not None:
-                    safe = torch.where(valid, target, torch.zeros_like(target))
-                    div = (ce_weight.to(ce.dtype)[safe] * valid).sum()
-                z_loss = _safe_div(zl.sum(), n_valid)
-                loss = _safe_div(ce.sum(), div) + z_loss
-                acc = _safe_div(hits.sum(), n_valid.float())
-        loss, z_loss = loss.float(), z_loss.float()
-        if p.return_token_accuracy:
-            return loss, z_loss, acc
-        return (loss, z_loss) if p.return_z_loss else loss
+            return _reduce(ce, zl, hits, target, target != p.ignore_index, ce_weight, p)
 
     return loss_fn
 
@@ -293,20 +301,8 @@ def _log_softmax_loss(
         ts = logp.gather(1, safe[:, None])[:, 0].exp().detach()
         ce, zl = ce * ts, zl * ts
     vf = valid.float()
-    ce, zl = ce * vf, zl * vf
-    acc = flce_harness.token_accuracy(z, target, valid, p)
-    if p.reduction == "none":
-        loss, z_loss = ce + zl, zl
-    elif p.reduction == "sum":
-        loss, z_loss = ce.sum() + zl.sum(), zl.sum()
-    else:
-        n_valid = vf.sum()
-        div = (c_y * vf).sum() if ce_weight is not None else n_valid
-        z_loss = _safe_div(zl.sum(), n_valid)
-        loss = _safe_div(ce.sum(), div) + z_loss
-    if p.return_token_accuracy:
-        return loss, z_loss, acc
-    return (loss, z_loss) if p.return_z_loss else loss
+    hits = ((z.detach().argmax(dim=-1) == target) & valid).float()
+    return _reduce(ce * vf, zl * vf, hits, target, valid, ce_weight, p)
 
 
 DESIGNS: dict[str, tuple[_Design, str]] = {

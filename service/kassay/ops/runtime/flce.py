@@ -379,8 +379,7 @@ class _Conditioning:
         self.gb_vec = torch.zeros(p.V, **f64)  # sum_n A_n P^2
         self.loss_rows = torch.zeros(p.N, **f64)  # a_n k_n / grad_output (none) per row
         self.z_rows = torch.zeros(p.N, **f64)
-        self._a = torch.zeros(p.N, **f64)
-        self._k = torch.zeros(p.N, **f64)
+        self._a = torch.zeros(p.N, **f64)  # a_n per row, for grad_input's bound
 
     def chunk(
         self,
@@ -394,7 +393,7 @@ class _Conditioning:
         go: torch.Tensor,
     ) -> None:
         a = _U32 * lse.abs()
-        self._a[s:e], self._k[s:e] = a, coef
+        self._a[s:e] = a
         scale = go.reshape(-1)[s:e] if go.numel() > 1 else go.reshape(-1)[0]
         safe_go = torch.where(scale != 0, scale, torch.ones_like(scale))
         self.loss_rows[s:e] = a * coef / safe_go
