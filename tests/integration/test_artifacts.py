@@ -417,6 +417,8 @@ def test_each_group_gets_a_fresh_working_directory_removed_when_it_ends(
     padded past 2 MiB, so it reaches the worker in several PutArtifact chunks."""
     module = code_stack.tmp / "kassay_where.py"
     module.write_text(WHERE + "#" * 2_500_000 + "\n")
+    shm = Path("/dev/shm")
+    exchanges_before = set(shm.glob("kassay-sandbox-*")) if shm.is_dir() else set()
     with code_stack.client() as kc:
         digest = kc.artifacts.upload(module).digest
         spec = _spec(["torch", "w_where"], [digest], K=[2, 3])
@@ -433,6 +435,9 @@ def test_each_group_gets_a_fresh_working_directory_removed_when_it_ends(
         seen.append(cwd)
     assert len(set(seen)) == 2, seen
     assert not [d for d in seen if Path(d).exists()], "a working directory outlived its group"
+    # nor their tensor exchange folders in shared memory (kassay.worker.sandbox.exchange_dir)
+    exchanges = set(shm.glob("kassay-sandbox-*")) if shm.is_dir() else set()
+    assert exchanges <= exchanges_before, exchanges - exchanges_before
 
 
 def test_a_wheel_pinning_another_torch_fails_its_cases_saying_why(code_stack: CodeStack) -> None:
@@ -537,6 +542,26 @@ def impls():
 """
 
 
+#: two impls of one artifact: the first writes garbage into its inputs in place after computing
+#: its (right) outputs, the second computes honestly from the inputs it is lent
+SCRIBBLE = """
+from kassay.impls import Impl, registry
+
+def _honest(inputs, params):
+    return registry._REGISTRY[("lse_merge", "torch")].run(inputs, params)
+
+def _scribble(inputs, params):
+    out = {k: v.clone() for k, v in _honest(inputs, params).items()}
+    for t in inputs.values():
+        if t.is_floating_point():
+            t.fill_(7.0)
+    return out
+
+def impls():
+    return [Impl("lse_merge", "s_scribble", _scribble), Impl("lse_merge", "s_honest", _honest)]
+"""
+
+
 def _outputs(cases: dict[str, Any], impl: str) -> list[tuple[str, float, float]]:
     return [(o["name"], o["max_abs"], o["rel_l2"]) for o in cases[impl].outputs]
 
@@ -569,6 +594,32 @@ def test_code_a_job_brings_cannot_touch_a_verdict(code_stack: CodeStack) -> None
     # the job's code was timed where it ran, and says so
     timing = beside["s_garbage"].timing
     assert timing is not None and timing["median_ms"] > 0
+
+
+def test_an_impl_writing_into_its_inputs_changes_no_other_impls_inputs(
+    code_stack: CodeStack,
+) -> None:
+    """Inputs are lent afresh for every call (kassay.worker.tensor_exchange): garbage one impl
+    writes into them in place never reaches the next impl. Its own second run (the determinism
+    check) sees it, so the scribbler fails: impls must not modify their inputs."""
+    module = code_stack.tmp / "kassay_scribble.py"
+    module.write_text(SCRIBBLE)
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(module).digest
+        spec = _spec(["torch", "s_scribble", "s_honest"], [digest], K=[2, 3])
+        job = kc.jobs.wait(kc.jobs.create(spec).id, timeout=180)
+        report = kc.jobs.report(job.id)
+    assert len(report.cases) == 6
+    for case in report.cases:
+        if case.impl == "s_scribble":
+            assert case.status == "failed" and "second run" in case.message, case.message
+        else:
+            assert case.status == "passed", (case.impl, case.message)
+        if case.ran_in == "sandbox":  # a CPU worker's transport
+            assert case.environment["tensor_transport"] == "files", case.environment
+    honest = [_outputs({"x": c}, "x") for c in report.cases if c.impl == "s_honest"]
+    torch_ = [_outputs({"x": c}, "x") for c in report.cases if c.impl == "torch"]
+    assert honest == torch_
 
 
 def test_code_a_job_brings_reads_nothing_of_the_service(code_stack: CodeStack) -> None:

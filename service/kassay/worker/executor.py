@@ -297,9 +297,11 @@ class Executor:
 
         def on_result(result: Any) -> None:
             if self.artifacts and result.environment is not None:
-                result.environment = result.environment.model_copy(
-                    update={"artifacts": self.artifacts}
-                )
+                extra: dict[str, Any] = {"artifacts": self.artifacts}
+                if result.ran_in == "sandbox" and self.remote is not None:
+                    # how its tensors crossed (kassay.worker.tensor_exchange)
+                    extra["tensor_transport"] = self.remote.exchange.name
+                result.environment = result.environment.model_copy(update=extra)
             self.chan.send({"type": "result", "result": result.model_dump()})
             reason = self._poisoned(result.message if result.status == "error" else "")
             if reason is not None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kassay.validate.spec import GroupSpec
 from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError
+from kassay.worker.sandbox import exchange_dir
 
 if TYPE_CHECKING:
     from kassay.worker.artifacts import ArtifactCache
@@ -92,6 +93,7 @@ class SandboxedExecutor:
         self.include_mutants = include_mutants
         self.exe: ExecutorProcess | None = None
         self.workdir: str | None = None
+        self.exchange = ""  # the tensor exchange folder (the workdir or one in /dev/shm)
         self._paths: dict[str, str] | None = None
         self._offset: int | None = None
 
@@ -113,9 +115,14 @@ class SandboxedExecutor:
 
     def _fresh_workdir(self, uid: int) -> str:
         path = tempfile.mkdtemp(prefix="kassay-sandbox-")
+        xchg = self.exchange = exchange_dir(path)
+        if xchg != path:
+            os.mkdir(xchg, 0o700)
         caps = self.sup.sandbox_caps
         if caps is not None and caps.root:
             os.chown(path, uid, uid)
+            if xchg != path:
+                os.chown(xchg, uid, uid)
         return path
 
     def _uid(self) -> int:
@@ -135,6 +142,7 @@ class SandboxedExecutor:
     def _drop_workdir(self) -> None:
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(self.exchange, ignore_errors=True)
             self.workdir = None
 
     async def acquire(self) -> ExecutorProcess:
@@ -149,6 +157,8 @@ class SandboxedExecutor:
         config = replace(
             self.sup.sandbox_config,
             workdir=self.workdir,
+            # the tensor exchange (kassay.worker.tensor_exchange), where it is not the workdir
+            writable=[x for x in [self.exchange] if x != self.workdir],
             uid=uid,
             # only what the host was seen to allow (a container may refuse namespaces)
             namespaces=bool(caps and caps.namespaces) and self.sup.sandbox_config.namespaces,

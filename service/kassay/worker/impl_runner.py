@@ -1,13 +1,14 @@
 """The impl runner: the only process that runs the code a job brings (its artifacts).
 
     python -m kassay.worker.sandbox --config JSON -- \\
-        PYTHON -m kassay.worker.impl_runner --device cpu --workdir DIR --artifact-path DIR ...
+        PYTHON -m kassay.worker.impl_runner --device cpu --workdir DIR [--exchange DIR] \\
+        --artifact-path DIR ...
 
 Started inside the sandbox (kassay.worker.sandbox) by the trusted executor of a group with
 artifacts (kassay.worker.remote_impls), it loads the artifacts' impls and computes, on request,
-one impl's outputs from inputs the executor wrote into the sandbox's working directory. It
-never sees the float64 reference, the built-in impls' results or any verdict: those stay in
-the executor, which judges the outputs it reads back (kassay.worker.tensor_files). Whatever the
+one impl's outputs from inputs the executor lends it (kassay.worker.tensor_exchange: CUDA IPC
+on a GPU, shared-memory files on a CPU). It never sees the float64 reference, the built-in impls' results or any verdict: those stay in
+the executor, which judges copies of the outputs it takes back. Whatever the
 code does at import or run time (patching the engine, the registry, torch) stays in this
 process.
 
@@ -15,8 +16,8 @@ It also times the call here (the engine's timing loop: device time on CUDA) and 
 peak memory: figures from the sandbox, labelled so in every report.
 
 Messages over stdin/stdout (kassay.worker.executor.Channel), executor -> runner:
-    {"type": "call", "op", "impl", "params": dict, "inputs": {name: header},
-     "timing": TimingPolicy dump | null, "capture_key": str}
+    {"type": "call", "op", "impl", "params": dict, "transport": "files" | "cuda-ipc",
+     "inputs": {name: header}, "timing": TimingPolicy dump | null, "capture_key": str}
     {"type": "exit"}
 runner -> executor:
     {"type": "ready", "impls": [{"op", "name", "description", "nondeterministic"}],
@@ -25,6 +26,7 @@ runner -> executor:
      "timing": TimingStats dump | null, "timing_error": str, "peak_bytes": int | null,
      "ms": float}
     {"type": "error", "error": str}           the impl raised
+    {"type": "transport", "error": str}       the inputs cannot be mapped (then files)
     {"type": "fatal", "error": str}           start-up failed
 """
 
@@ -47,7 +49,7 @@ from kassay.worker.executor import (
 
 
 class Runner:
-    def __init__(self, device: str, workdir: str, artifact_paths: list[str]) -> None:
+    def __init__(self, device: str, workdir: str, exchange: str, artifact_paths: list[str]) -> None:
         import torch
 
         from kassay.impls import list_impls, load
@@ -58,6 +60,8 @@ class Runner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         self.workdir = workdir
+        self.exchange_root = exchange or workdir
+        self.exchanges: dict[str, Any] = {}
         load()
         self.errors = load_artifacts(artifact_paths)
         self.impls = {(i.op, i.name): i for i in list_impls() if i.kind == "artifact"}
@@ -78,17 +82,47 @@ class Runner:
             "artifact_errors": self.errors,
         }
 
+    def _exchange(self, transport: str) -> Any:
+        from kassay.worker.tensor_exchange import CudaIpcExchange, FileExchange
+
+        if transport not in self.exchanges:
+            if transport == "cuda-ipc":
+                self.exchanges[transport] = CudaIpcExchange(self.device)
+            elif transport == "files":
+                self.exchanges[transport] = FileExchange(self.exchange_root, self.device)
+            else:
+                raise ValueError(f"unknown tensor transport {transport!r}")
+        return self.exchanges[transport]
+
+    def release(self) -> None:
+        """The executor has taken (copied) what the last call lent it."""
+        for ex in self.exchanges.values():
+            ex.release_lent()
+
     def call(self, msg: dict[str, Any]) -> dict[str, Any]:
         from kassay.ops import get_op
+        from kassay.worker.tensor_exchange import TRANSPORT_ERRORS
+
+        impl = self.impls[(msg["op"], msg["impl"])]
+        params = get_op(msg["op"]).parse_params(msg["params"])
+        ex = self._exchange(str(msg.get("transport", "files")))
+        try:
+            inputs = ex.take_views(msg["inputs"])
+        except TRANSPORT_ERRORS as exc:
+            if ex.name == "files":
+                raise
+            return {"type": "transport", "error": str(exc)}
+        try:
+            return self._run(impl, params, inputs, ex, msg)
+        finally:
+            ex.drop_views()  # the executor frees what it lent once this call is answered
+
+    def _run(self, impl: Any, params: Any, inputs: Any, ex: Any, msg: dict[str, Any]) -> Any:
         from kassay.validate import interpreter
         from kassay.validate.spec import TimingPolicy
         from kassay.validate.timing import time_call
-        from kassay.worker import tensor_files
 
         torch = self.torch
-        impl = self.impls[(msg["op"], msg["impl"])]
-        params = get_op(msg["op"]).parse_params(msg["params"])
-        inputs = tensor_files.read_all(msg["inputs"], self.workdir, self.device, 1 << 62)
         self.calls += 1
         reason = impl.supports(params, self.device)
         if reason:
@@ -142,14 +176,12 @@ class Runner:
             except Exception as exc:
                 timing_error = f"raised on a second run: {type(exc).__name__}: {exc}"
         tag = f"c{self.calls}"
+        out_headers = ex.lend(_tensors(outs), f"{tag}-out")
+        again = ex.lend(_tensors(second[0]), f"{tag}-again") if second else None
         return {
             "type": "outputs",
-            "outputs": tensor_files.write_all(_tensors(outs), self.workdir, f"{tag}-out"),
-            "second": (
-                tensor_files.write_all(_tensors(second[0]), self.workdir, f"{tag}-again")
-                if second
-                else None
-            ),
+            "outputs": out_headers,
+            "second": again,
             "timing": timing.model_dump() if timing is not None else None,
             "timing_error": timing_error,
             "peak_bytes": peak,
@@ -170,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kassay.worker.impl_runner")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workdir", required=True)
+    parser.add_argument("--exchange", default="")
     parser.add_argument("--artifact-path", action="append", default=[])
     args = parser.parse_args(argv)
     _die_with_parent(check_parent=False)
@@ -177,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"
     chan = Channel.from_stdio()
     try:
-        runner = Runner(args.device, args.workdir, args.artifact_path)
+        runner = Runner(args.device, args.workdir, args.exchange, args.artifact_path)
     except Exception as exc:
         traceback.print_exc()
         chan.send({"type": "fatal", "error": f"{type(exc).__name__}: {exc}"})
@@ -185,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     chan.send(runner.ready())
     while True:
         msg = chan.recv()
+        runner.release()
         if msg is None or msg.get("type") == "exit":
             return 0
         if msg.get("type") == "call":

@@ -5,27 +5,35 @@ reference, runs the built-in impls and judges every output). It starts the impl 
 (kassay.worker.impl_runner) inside the sandbox (kassay.worker.sandbox), which loads the
 artifacts; each artifact impl the runner reports is registered here as a proxy (kind
 `artifact`, `Impl.remote`), so the engine asks the runner for that impl's outputs, timing and
-memory and judges what comes back. Only JSON (kassay.worker.executor.Channel) and raw tensor
-files (kassay.worker.tensor_files) cross: nothing the runner sends is executed or unpickled
+memory and judges what comes back. Only JSON (kassay.worker.executor.Channel) and raw tensors
+cross: nothing the runner sends is executed or unpickled
 here, and nothing it does can reach this process's engine, registry or torch.
+
+Tensors cross by CUDA IPC on a GPU worker and through shared-memory files on a CPU one
+(kassay.worker.tensor_exchange); a GPU worker whose runner cannot map IPC memory (a driver or
+container that refuses it) falls back to files, says so on stderr (the worker's log) and goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from kassay.impls.registry import Impl, RemoteRun, register
-from kassay.worker import tensor_files
+from kassay.worker import cuda_ipc
 from kassay.worker.executor import Channel, ProtocolError
+from kassay.worker.tensor_exchange import (
+    TRANSPORT_ERRORS,
+    CudaIpcExchange,
+    Exchange,
+    FileExchange,
+)
 
 #: outputs may take this many times the inputs' bytes (plus OUTPUT_SLACK): flce's gradients
 #: are as large as its inputs, lse_merge's outputs smaller
@@ -48,6 +56,17 @@ class RemoteImpls:
         config = json.loads(sandbox_json)
         # the runner reads its artifacts and nothing of the service (kassay.worker.sandbox)
         config["readable"] = [*config.get("readable", []), *artifact_paths]
+        # tensor files go to the folder the worker made writable for them (/dev/shm), if any
+        self.files = FileExchange(next(iter(config.get("writable") or []), workdir), device)
+        self.exchange: Exchange = self.files
+        if device.type == "cuda":
+            why = cuda_ipc.available(device)
+            if why:
+                print(
+                    f"kassay: CUDA IPC unavailable ({why}); tensor files instead", file=sys.stderr
+                )
+            else:
+                self.exchange = CudaIpcExchange(device)
         sandbox_json = json.dumps(config)
         self.args = [
             sys.executable,
@@ -63,12 +82,12 @@ class RemoteImpls:
             str(device),
             "--workdir",
             workdir,
+            "--exchange",
+            self.files.root,
         ]
         for path in artifact_paths:
             self.args += ["--artifact-path", path]
         self.impls: list[Impl] = []
-        self._inputs: dict[str, torch.Tensor] | None = None
-        self._headers: dict[str, Any] = {}
         self._n = 0
         try:
             hello = self._start()
@@ -135,20 +154,35 @@ class RemoteImpls:
 
         return call
 
-    def _write_inputs(self, inputs: dict[str, torch.Tensor]) -> dict[str, Any]:
-        """The inputs' headers; the files are written once per group's inputs."""
-        if inputs is not self._inputs:
-            self._drop(self._headers)
-            self._n += 1
-            self._headers = tensor_files.write_all(inputs, self.workdir, f"in{self._n}")
-            self._inputs = inputs
-        return self._headers
-
-    def _drop(self, headers: Any) -> None:
-        for h in (headers or {}).values():
-            if isinstance(h, dict) and isinstance(h.get("file"), str):
-                with contextlib.suppress(OSError):
-                    os.unlink(Path(self.workdir) / os.path.basename(h["file"]))
+    def _ask(
+        self,
+        op: str,
+        name: str,
+        inputs: dict[str, torch.Tensor],
+        params: Any,
+        timing: dict[str, Any] | None,
+        capture_key: str,
+    ) -> dict[str, Any]:
+        """Lend fresh copies of the inputs (what an impl writes into them stays with it), ask
+        for one call, and take the inputs back once the runner answered."""
+        self._n += 1
+        try:
+            headers = self.exchange.lend(inputs, f"in{self._n}")
+            self.chan.send(
+                {
+                    "type": "call",
+                    "op": op,
+                    "impl": name,
+                    "params": params.model_dump(),
+                    "transport": self.exchange.name,
+                    "inputs": headers,
+                    "timing": timing,
+                    "capture_key": capture_key,
+                }
+            )
+            return self._recv()
+        finally:
+            self.exchange.release_lent()
 
     def call(
         self,
@@ -164,19 +198,17 @@ class RemoteImpls:
         try:
             if not self.alive:
                 self._start()
-            headers = self._write_inputs(inputs)
-            self.chan.send(
-                {
-                    "type": "call",
-                    "op": op,
-                    "impl": name,
-                    "params": params.model_dump(),
-                    "inputs": headers,
-                    "timing": timing,
-                    "capture_key": capture_key,
-                }
-            )
-            msg = self._recv()
+            msg = self._ask(op, name, inputs, params, timing, capture_key)
+            if msg.get("type") == "transport" and self.exchange is not self.files:
+                # the runner cannot map what this side lends: files from now on
+                print(
+                    f"kassay: the impl runner refused CUDA IPC ({msg.get('error')}); "
+                    "tensor files instead",
+                    file=sys.stderr,
+                )
+                self.exchange.close()
+                self.exchange = self.files
+                msg = self._ask(op, name, inputs, params, timing, capture_key)
             kind = msg.get("type")
             if kind == "unsupported":
                 return RemoteRun(unsupported=str(msg.get("reason", ""))[:2000] or "unsupported")
@@ -185,18 +217,14 @@ class RemoteImpls:
             cap = OUTPUT_FACTOR * sum(t.numel() * t.element_size() for t in inputs.values())
             cap += OUTPUT_SLACK
             try:
-                outs = tensor_files.read_all(msg.get("outputs"), self.workdir, self.device, cap)
+                outs = self.exchange.take_copies(msg.get("outputs"), cap)
                 again = msg.get("second")
-                second = (
-                    tensor_files.read_all(again, self.workdir, self.device, cap)
-                    if again is not None
-                    else None
-                )
-            except tensor_files.TensorFileError as exc:
+                second = self.exchange.take_copies(again, cap) if again is not None else None
+            except TRANSPORT_ERRORS as exc:
                 return RemoteRun(error=f"the sandbox handed back no usable outputs: {exc}")
             finally:
-                self._drop(msg.get("outputs"))
-                self._drop(msg.get("second"))
+                self.exchange.forget(msg.get("outputs"))
+                self.exchange.forget(msg.get("second"))
             timing_dump = msg.get("timing")
             peak = msg.get("peak_bytes")
             ms = msg.get("ms")
@@ -228,7 +256,7 @@ class RemoteImpls:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.kill()
-        self._drop(self._headers)
+        self.exchange.close()
 
 
 def _not_here(_inputs: Any, _params: Any) -> Any:

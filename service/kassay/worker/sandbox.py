@@ -132,6 +132,8 @@ class SandboxConfig:
     #: and the system's libraries and devices
     restrict_reads: bool = True
     readable: list[str] = field(default_factory=list)
+    #: folders it may write beside its working directory (the tensor exchange in /dev/shm)
+    writable: list[str] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -206,6 +208,24 @@ class Capabilities:
             },
             "notes": notes,
         }
+
+
+#: shared memory for the tensor exchange, used where it has this much room
+SHM_ROOT = "/dev/shm"
+SHM_MIN_FREE = 1 << 30
+
+
+def exchange_dir(workdir: str) -> str:
+    """Where a sandbox with working directory `workdir` trades tensor files with the trusted
+    executor: a folder of /dev/shm named after it (shared memory, no disk) where that has
+    SHM_MIN_FREE bytes free, else the working directory. The worker removes both afterwards."""
+    try:
+        st = os.statvfs(SHM_ROOT)
+    except OSError:
+        return workdir
+    if st.f_bavail * st.f_frsize < SHM_MIN_FREE or not os.access(SHM_ROOT, os.W_OK):
+        return workdir
+    return os.path.join(SHM_ROOT, os.path.basename(os.path.normpath(workdir)))
 
 
 def landlock_abi() -> int:
@@ -491,7 +511,9 @@ def _exec_confined(cfg: SandboxConfig, argv: list[str], *, root: bool, abi: int)
     if root:
         drop_to_user(cfg.uid)
     if cfg.landlock and abi >= 1:
-        apply_landlock([cfg.workdir], abi, cfg.readable if cfg.restrict_reads else None)
+        apply_landlock(
+            [cfg.workdir, *cfg.writable], abi, cfg.readable if cfg.restrict_reads else None
+        )
     env = scrubbed_env(dict(os.environ), cfg.workdir)
     os.execve(argv[0], argv, env)
 
