@@ -93,12 +93,12 @@ def _run_spec(spec: Any, device: str) -> list[Any]:
 
 
 def mutants(device: str) -> list[dict[str, Any]]:
-    from kassay.validate.selftest import PLAIN_PROBES, PROBES
+    from kassay.validate.selftest import plain_probes, probes
     from kassay.validate.spec import JobSpec, Suite, TimingPolicy
 
     rows = []
     off = TimingPolicy(enabled=False)
-    for probe in (*PROBES, *PLAIN_PROBES):
+    for probe in (*probes(), *plain_probes()):
         row: dict[str, Any] = {"op": probe.op, "mutant": probe.mutant}
         t0 = time.perf_counter()
         for how in ("targeted", "plain", "plain_legacy"):
@@ -129,7 +129,8 @@ def mutants(device: str) -> list[dict[str, Any]]:
 
 def fairness(seeds: int, device: str) -> dict[str, Any]:
     from kassay.impls import list_impls, load
-    from kassay.validate.selftest import CORRECT, FAIRNESS, NOT_COUNTED, available_impls
+    from kassay.ops.probes import CORRECT
+    from kassay.validate.selftest import NOT_COUNTED, available_impls, fairness
     from kassay.validate.spec import JobSpec, Suite, TimingPolicy
 
     load(mutants=True)
@@ -144,7 +145,7 @@ def fairness(seeds: int, device: str) -> dict[str, Any]:
             seeds=list(range(seeds)),
             timing=TimingPolicy(enabled=False),
         )
-        for op, params in FAIRNESS
+        for op, params in fairness()
     ]
     t0 = time.perf_counter()
     cases = _run_spec(JobSpec(name="fairness", suites=suites), device)
@@ -235,8 +236,8 @@ def _now_unsupported(impl: str, label: str) -> str | None:
     import torch
     import yaml
 
-    from kassay.impls.peers import _cce_supports
     from kassay.ops.flce import FlceParams
+    from kassay.ops.flce.peers import _cce_supports
 
     params: dict[str, Any] = {}
     for item in label.split(" ")[0].split(","):

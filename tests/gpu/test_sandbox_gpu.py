@@ -23,15 +23,16 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MODULE = """
+#: the artifact: the example package's merge kernel inlined (the sandbox reads only its own
+#: artifact and Python's installation, not this repository) and an impl using it
+MODULE = ROOT / "examples" / "kernel-package" / "src" / "kassay_example_kernels" / "merge.py"
+MODULE_IMPLS = """
+
 from kassay.impls import Impl
-from kassay.impls.lse_harness import as_run, supports_modes
+from kassay.ops.lse_merge.harness import as_run, supports_modes
 
 
 def _merge(outs, lses, *, lse_layout, accumulate):
-    import sys
-    sys.path.insert(0, {src!r})
-    from kassay_example_kernels.merge import merge_states
     return merge_states(outs, lses, lse_layout=lse_layout)
 
 
@@ -49,8 +50,7 @@ def test_a_triton_artifact_runs_sandboxed_on_cuda(tmp_path: Path) -> None:
     from kassay.worker.sandbox import SandboxConfig
     from kassay.worker.supervisor import Supervisor
 
-    src = ROOT / "examples" / "kernel-package" / "src"
-    data = MODULE.format(src=str(src)).encode()
+    data = (MODULE.read_text() + MODULE_IMPLS).encode()
     digest = sha256(data)
     cache = ArtifactCache(tmp_path / "artifacts", max_bytes=1 << 20)
     cache.put(digest, "gpu_example.py", [data])

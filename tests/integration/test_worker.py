@@ -4,6 +4,7 @@ with google.rpc details, SIGTERM)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -128,7 +129,7 @@ def _group(group_id: str, impls: list[str], **params: Any) -> pb.GroupSpec:
         group_id=group_id,
         op="lse_merge",
         impls=impls,
-        lse_merge=pb.LseMergeParams(**p),
+        params_json=json.dumps(p),
         timing=pb.TimingPolicy(enabled=True, warmup=0, min_reps=2, max_reps=3, budget_s=0.2),
     )
 
@@ -223,7 +224,7 @@ def test_run_isolates_crash_hang_and_raise(worker: Worker) -> None:
     assert "timeout of 2 s" in results["hang"].message
     assert "raised on purpose" in results["raise"].message
     torch_res = results["torch"]
-    assert torch_res.case_id == "g-crash:torch" and torch_res.lse_merge.T == 8
+    assert torch_res.case_id == "g-crash:torch" and json.loads(torch_res.params_json)["T"] == 8
     assert {o.name for o in torch_res.outputs} == {"out", "lse"}
     clock = "cpu_perf_counter" if DEVICE == "cpu" else "cuda_events"
     assert torch_res.timing.clock == clock and torch_res.worker == "itest-worker"
@@ -256,7 +257,9 @@ def test_a_crashed_amp_case_is_named_as_the_engine_names_it(worker: Worker) -> N
         group_id="g-amp",
         op="flce",
         impls=["raise", "crash"],
-        flce=pb.FlceParams(N=4, H=8, V=16, dtype="float32", autocast="bfloat16"),
+        params_json=json.dumps(
+            {"N": 4, "H": 8, "V": 16, "dtype": "float32", "autocast": "bfloat16"}
+        ),
         timing=pb.TimingPolicy(enabled=False),
     )
     events = _collect(

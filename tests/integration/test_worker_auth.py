@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import ipaddress
+import json
 import subprocess
 import sys
 import time
@@ -183,7 +184,7 @@ def _group(group_id: str, impls: list[str], **timing: Any) -> pb.GroupSpec:
         group_id=group_id,
         op="lse_merge",
         impls=impls,
-        lse_merge=pb.LseMergeParams(T=8, Hh=2, D=4, K=2, dtype="float32"),
+        params_json=json.dumps({"T": 8, "Hh": 2, "D": 4, "K": 2, "dtype": "float32"}),
         timing=pb.TimingPolicy(
             **{
                 "enabled": True,

@@ -17,11 +17,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kassay.impls import Impl, flce_harness, get_impl, load, register
-from kassay.impls.torch_impls import flce_eager
+from kassay.impls import Impl, get_impl, load, register
 from kassay.ops import get_op
 from kassay.ops.flce import FlceOp
-from kassay.ops.runtime import flce as rt
+from kassay.ops.flce import harness as flce_harness
+from kassay.ops.flce import runtime as rt
+from kassay.ops.flce.baseline import flce_eager
 from kassay.validate.engine import run_group
 from kassay.validate.results import CaseResult
 from kassay.validate.spec import GroupSpec, TimingPolicy

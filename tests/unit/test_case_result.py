@@ -8,7 +8,7 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from kassay.ops import OPS
+from kassay.ops import all_ops, get_op
 from kassay.validate.case_result import case_dtype, case_result
 from kassay.validate.engine import run_group
 from kassay.validate.spec import GroupSpec, TimingPolicy
@@ -22,7 +22,7 @@ def _choices(model: Any, name: str) -> list[Any]:
 def _every_dtype_point() -> list[tuple[str, dict[str, Any]]]:
     """Each op's smallest params at every value of its `dtype` and `autocast` fields."""
     points = []
-    for op in OPS.values():
+    for op in all_ops():
         model = op.params_model
         required = {n: 2 for n, f in model.model_fields.items() if f.is_required()}
         for dtype, autocast in itertools.product(
@@ -59,7 +59,7 @@ def _amp_flce_group(impls: list[str]) -> GroupSpec:
         group_id="g-amp",
         op="flce",
         impls=impls,
-        params=OPS["flce"].parse_params(raw).model_dump(),
+        params=get_op("flce").parse_params(raw).model_dump(),
         timing=TimingPolicy(enabled=False),
     )
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kassay.impls import Impl, register
-from kassay.impls.lse_harness import as_run
-from kassay.impls.torch_impls import merge_torch
+from kassay.ops.lse_merge.baseline import merge_torch
+from kassay.ops.lse_merge.harness import as_run
 from kassay.validate.engine import run_group
 from kassay.validate.spec import GroupSpec, TimingPolicy
 

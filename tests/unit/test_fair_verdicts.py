@@ -104,7 +104,7 @@ def _lse_rounded_to_bf16(
     outs: torch.Tensor, lses: torch.Tensor, *, lse_layout: str, accumulate: str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Unsound: the weights exp(lse_i - lse) from an lse rounded to bfloat16."""
-    from kassay.ops.runtime.lse_merge import lse_to_th, th_to_layout
+    from kassay.ops.lse_merge.runtime import lse_to_th, th_to_layout
 
     lse = lse_to_th(lses, lse_layout).float()
     total = torch.logsumexp(lse, dim=0)
@@ -115,7 +115,7 @@ def _lse_rounded_to_bf16(
 
 @pytest.mark.parametrize("mode", ["merge", "step", "step_second_half"])
 def test_lse_merge_designs_pass_at_huge_lse_and_an_unsound_one_fails(mode: str) -> None:
-    from kassay.impls import lse_harness
+    from kassay.ops.lse_merge import harness as lse_harness
 
     register(
         Impl("lse_merge", "bf16_lse", lse_harness.as_run(_lse_rounded_to_bf16, None)),

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kassay.ops.runtime.flce as flce_runtime
+import kassay.ops.flce.runtime as flce_runtime
 from kassay.impls import load
 from kassay.ops import get_op
 from kassay.validate.engine import run_group

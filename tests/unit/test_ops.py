@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from kassay.ops import get_op
-from kassay.ops.runtime.lse_merge import lse_to_th
+from kassay.ops.lse_merge.runtime import lse_to_th
 
 CPU = torch.device("cpu")
 
@@ -91,7 +91,7 @@ def test_flce_reference_matches_torch_autograd_float64(opts: dict) -> None:
 
 
 def test_flce_reference_chunks_rows(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kassay.ops.runtime.flce as mod
+    import kassay.ops.flce.runtime as mod
 
     op = get_op("flce")
     p = op.parse_params({"N": 40, "H": 8, "V": 16, "dtype": "float32", "bias": True})

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from kassay.impls.peers import _cce_supports
 from kassay.ops.flce import FlceParams
+from kassay.ops.flce.peers import _cce_supports
 
 CUDA = torch.device("cuda")  # a device object only: nothing runs
 

@@ -19,8 +19,9 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from kassay.impls import Impl, flce_harness, load, register
+from kassay.impls import Impl, load, register
 from kassay.ops import get_op
+from kassay.ops.flce import harness as flce_harness
 from kassay.validate import engine
 from kassay.validate.engine import run_group
 from kassay.validate.spec import GroupSpec, TimingPolicy

@@ -1,13 +1,13 @@
 """The mutant corpus: every known bug is caught, no correct impl is flagged."""
 
 from kassay.impls import list_impls, load
-from kassay.validate.selftest import PLAIN_PROBES, PROBES, run_selftest
+from kassay.validate.selftest import plain_probes, probes, run_selftest
 
 
 def test_every_known_bug_has_a_mutant_with_a_probe() -> None:
     load(mutants=True)
     mutants = {(i.op, i.name) for i in list_impls(include_mutants=True) if i.kind == "mutant"}
-    assert {(p.op, p.mutant) for p in (*PROBES, *PLAIN_PROBES)} == mutants
+    assert {(p.op, p.mutant) for p in (*probes(), *plain_probes())} == mutants
     bugs = {
         i.bug.split(":")[0]
         for i in list_impls(include_mutants=True)
@@ -19,7 +19,7 @@ def test_every_known_bug_has_a_mutant_with_a_probe() -> None:
 
 def test_selftest_detects_all_and_flags_no_correct_impl() -> None:
     result = run_selftest(device="cpu")
-    n = len(PROBES) + len(PLAIN_PROBES)
+    n = len(probes()) + len(plain_probes())
     assert result.line().startswith(f"detected {n}/{n} mutants"), [
         (p.probe.mutant, [c.status for c in p.mutant_cases])
         for p in result.probes
@@ -28,7 +28,7 @@ def test_selftest_detects_all_and_flags_no_correct_impl() -> None:
     assert result.n_false == 0, [
         (c.impl, c.message) for p in result.probes for c in p.false_failures
     ]
-    assert result.n_correct >= len(PROBES) - 1
+    assert result.n_correct >= len(probes()) - 1
     # the fairness corpus: every correct alternative ran, at every dtype and AMP, and none failed
     assert result.fairness_false == []
     ran = {(c.op, c.impl) for c in result.fairness if c.status == "passed"}

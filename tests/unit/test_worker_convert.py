@@ -3,6 +3,7 @@ messages mirror the pydantic models field for field."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -10,8 +11,8 @@ import pytest
 
 pytest.importorskip("grpc")
 
+from kassay import wire as convert
 from kassay.errors import InvalidSpecError
-from kassay.ops.flce import FlceParams
 from kassay.ops.lse_merge import LseMergeParams
 from kassay.v1 import worker_pb2 as pb
 from kassay.validate.results import (
@@ -23,7 +24,6 @@ from kassay.validate.results import (
     WorstEntry,
 )
 from kassay.validate.spec import GroupSpec, TimingPolicy, TolerancePolicy, expand, parse_spec
-from kassay.worker import convert
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -97,49 +97,59 @@ def test_group_round_trip_is_lossless() -> None:
     for g in groups:
         msg = convert.group_to_proto(g)
         wire = pb.GroupSpec.FromString(msg.SerializeToString())
-        assert wire.WhichOneof("params") == g.op
+        assert json.loads(wire.params_json) == g.params
         back = convert.group_from_proto(wire)
         assert back == g
         assert back.model_dump() == g.model_dump()
 
 
-def test_softcap_none_is_absent_on_the_wire() -> None:
+def test_params_travel_as_data_with_none_as_null() -> None:
     g = next(g for g in _groups() if g.op == "flce" and g.params["softcap"] is None)
-    msg = convert.group_to_proto(g)
-    assert not msg.flce.HasField("softcap")
-    assert msg.flce.HasField("ignore_index") and msg.flce.ignore_index == -100
+    raw = json.loads(convert.group_to_proto(g).params_json)
+    assert raw["softcap"] is None and raw["ignore_index"] == -100
+
+
+def _lse_group(**params: Any) -> pb.GroupSpec:
+    return pb.GroupSpec(
+        group_id="g",
+        op="lse_merge",
+        impls=["torch"],
+        params_json=json.dumps({"T": 8, "Hh": 2, "D": 4, **params}),
+    )
 
 
 def test_absent_fields_take_the_pydantic_defaults() -> None:
-    msg = pb.GroupSpec(
-        group_id="g", op="lse_merge", impls=["torch"], lse_merge=pb.LseMergeParams(T=8, Hh=2, D=4)
-    )
-    g = convert.group_from_proto(msg)
+    g = convert.group_from_proto(_lse_group())
     assert g.params == LseMergeParams(T=8, Hh=2, D=4).model_dump()
     assert g.regime == "normal" and g.baseline == "torch"
     assert g.tolerance == TolerancePolicy() and g.timing == TimingPolicy()
-    # op may be left out: the oneof names it
-    msg.op = ""
-    assert convert.group_from_proto(msg).op == "lse_merge"
+
+
+def _set_params(m: pb.GroupSpec, **changes: Any) -> None:
+    raw = json.loads(m.params_json)
+    raw.update(changes)
+    m.params_json = json.dumps({k: v for k, v in raw.items() if v is not ...})
 
 
 @pytest.mark.parametrize(
     ("mutate", "loc"),
     [
-        (lambda m: m.lse_merge.ClearField("T"), ["groups", 0, "params", "T"]),
-        (lambda m: setattr(m.lse_merge, "K", 1), ["groups", 0, "params", "K"]),
-        (lambda m: setattr(m.lse_merge, "dtype", "int8"), ["groups", 0, "params", "dtype"]),
-        (lambda m: setattr(m, "op", "flce"), ["groups", 0, "op"]),
-        (lambda m: m.ClearField("lse_merge"), ["groups", 0, "params"]),
+        (lambda m: _set_params(m, T=...), ["groups", 0, "params", "T"]),
+        (lambda m: _set_params(m, K=1), ["groups", 0, "params", "K"]),
+        (lambda m: _set_params(m, dtype="int8"), ["groups", 0, "params", "dtype"]),
+        (lambda m: _set_params(m, T="8"), ["groups", 0, "params", "T"]),  # strict: no "8"
+        (lambda m: setattr(m, "op", "flce"), ["groups", 0, "params", "N"]),
+        (lambda m: setattr(m, "op", ""), ["groups", 0, "op"]),
+        (lambda m: m.ClearField("params_json"), ["groups", 0, "params_json"]),
+        (lambda m: setattr(m, "params_json", "[1, 2]"), ["groups", 0, "params_json"]),
+        (lambda m: setattr(m, "params_json", "{T: 8"), ["groups", 0, "params_json"]),
         (lambda m: m.ClearField("impls"), ["groups", 0, "impls"]),
         (lambda m: setattr(m.timing, "min_reps", 0), ["groups", 0, "timing", "min_reps"]),
         (lambda m: setattr(m.tolerance, "policy", "vibes"), ["groups", 0, "tolerance", "policy"]),
     ],
 )
 def test_invalid_groups_name_the_field(mutate: Any, loc: list[Any]) -> None:
-    msg = pb.GroupSpec(
-        group_id="g", op="lse_merge", impls=["torch"], lse_merge=pb.LseMergeParams(T=8, Hh=2, D=4)
-    )
+    msg = _lse_group()
     mutate(msg)
     with pytest.raises(InvalidSpecError) as err:
         convert.groups_from_proto([msg])
@@ -149,7 +159,7 @@ def test_invalid_groups_name_the_field(mutate: Any, loc: list[Any]) -> None:
 
 def test_params_with_unknown_keys_or_ops_are_refused() -> None:
     g = _groups()[0]
-    with pytest.raises(InvalidSpecError, match="unknown field"):
+    with pytest.raises(InvalidSpecError, match=r"params\.bogus: Extra inputs"):
         convert.group_to_proto(g.model_copy(update={"params": {**g.params, "bogus": 1}}))
     with pytest.raises(InvalidSpecError, match="unknown op"):
         convert.group_to_proto(g.model_copy(update={"op": "nope"}))
@@ -309,23 +319,21 @@ def _pydantic_fields(model: Any) -> set[str]:
 @pytest.mark.parametrize(
     ("model", "message", "skip"),
     [
-        (FlceParams, pb.FlceParams, set()),
-        (LseMergeParams, pb.LseMergeParams, set()),
         (TolerancePolicy, pb.TolerancePolicy, set()),
         (TimingPolicy, pb.TimingPolicy, set()),
-        (GroupSpec, pb.GroupSpec, {"flce", "lse_merge"}),
+        (GroupSpec, pb.GroupSpec, {"params_json"}),
         (WorstEntry, pb.WorstEntry, set()),
         (OutputMetrics, pb.OutputMetrics, set()),
         (TimingStats, pb.TimingStats, set()),
         (MemoryStats, pb.MemoryStats, set()),
         (Environment, pb.Environment, {"extra"}),
-        (CaseResult, pb.CaseResult, {"flce", "lse_merge"}),
+        (CaseResult, pb.CaseResult, {"params_json"}),
     ],
 )
 def test_messages_mirror_the_models(model: Any, message: Any, skip: set[str]) -> None:
     proto_fields = set(message.DESCRIPTOR.fields_by_name) - skip
-    # params travel in the `params` oneof, one case per op
-    model_fields = _pydantic_fields(model) - ({"params"} if skip & {"flce"} else set())
+    # params travel as data (params_json), validated by the op's own model
+    model_fields = _pydantic_fields(model) - ({"params"} if "params_json" in skip else set())
     assert proto_fields == model_fields
     # nullable pydantic fields are `optional` (or messages) on the wire
     for name, info in model.model_fields.items():

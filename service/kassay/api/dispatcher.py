@@ -339,13 +339,13 @@ class Dispatcher:
             link.ops[op_name].append(i.name)
             link.impl_kinds.setdefault(op_name, {})[i.name] = i.kind
         if resp.HasField("sandbox"):
-            from kassay.worker.convert import read
+            from kassay.wire import read
 
             link.sandbox = read(resp.sandbox)
         else:
             link.sandbox = None
         if resp.HasField("environment"):
-            from kassay.worker.convert import environment_from_proto
+            from kassay.wire import environment_from_proto
 
             with contextlib.suppress(Exception):
                 link.environment = environment_from_proto(resp.environment).model_dump(mode="json")
@@ -426,7 +426,7 @@ class Dispatcher:
         """Run some groups of one job in one Run call; each group is settled as soon as the
         worker reports it done, the rest by how the stream ended."""
         from kassay.v1 import worker_pb2 as pb
-        from kassay.worker.convert import group_to_proto
+        from kassay.wire import group_to_proto
 
         job_id = claims[0].job_id
         first = claims[0]
@@ -548,7 +548,7 @@ class Dispatcher:
             log.info("artifact %s (%d bytes) -> %s", digest[:12], info.size, link.address)
 
     async def _store_result(self, job_id: str, msg: Any) -> None:
-        from kassay.worker.convert import result_from_proto
+        from kassay.wire import result_from_proto
 
         result = result_from_proto(msg)
         seq = await asyncio.to_thread(self.store.record_result, job_id, result)

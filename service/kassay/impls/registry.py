@@ -2,7 +2,7 @@
 
 An impl is a callable `run(inputs, params) -> outputs` (dicts of tensors keyed by the op's input
 and output names) plus a `supports(params, device) -> reason | None` predicate. Built-ins register
-on import of `kassay.impls`; third-party packages register through the entry-point group
+when `load()` imports each op's impl modules (`Op.impl_modules`, in the op's folder); third-party packages register through the entry-point group
 `kassay.impls` (an entry point names a callable that takes no argument and returns an `Impl` or a
 list of them). Mutants (the self-test's known-bug corpus) and test-only impls (crash, hang, raise)
 live in the same registry under their own kinds and are hidden unless asked for. Impls of a job's
@@ -107,17 +107,27 @@ def _visible(impl: Impl, include_mutants: bool, include_testing: bool) -> bool:
 
 
 def load(*, mutants: bool = False, testing: bool = False, plugins: bool = True) -> None:
-    """Import the built-in impl modules (idempotent), and optionally the mutant corpus, the
-    test-only impls and the entry-point plugins."""
-    modules = ["kassay.impls.torch_impls", "kassay.impls.peers", "kassay.impls.kassay_impls"]
-    if mutants:
-        modules += ["kassay.impls.mutants", "kassay.impls.alternatives"]
+    """Import every op's impl modules (idempotent; kassay.ops: built-in and plugin ops), and
+    optionally the self-test's corpora (mutants, alternatives), the test-only impls and the
+    `kassay.impls` entry-point plugins."""
+    from kassay.ops import all_ops
+
+    modules: list[str] = []
+    for op in all_ops():
+        modules += op.impl_modules
+        if mutants:
+            modules += op.corpus_modules
     if testing:
         modules.append("kassay.impls.testing")
     for mod in modules:
         if mod not in _loaded:
-            importlib.import_module(mod)
             _loaded.add(mod)
+            try:
+                importlib.import_module(mod)
+            except ImportError as exc:  # Triton or a peer's package missing, say
+                if isinstance(exc, ModuleNotFoundError) and (exc.name or "").startswith("kassay."):
+                    raise  # a module of ours is missing: a bug, not an optional dependency
+                log.info("impl module %s not available: %s", mod, exc)
     if plugins and "plugins" not in _loaded:
         _loaded.add("plugins")
         for ep in entry_points(group="kassay.impls"):

@@ -24,9 +24,9 @@ import os
 import time
 from typing import Any, NoReturn
 
-from kassay.impls import flce_harness
 from kassay.impls.registry import Impl, register
-from kassay.impls.torch_impls import flce_eager
+from kassay.ops.flce import harness as flce_harness
+from kassay.ops.flce.baseline import flce_eager
 
 Tensors = dict[str, Any]
 

@@ -6,7 +6,7 @@ an implementation cannot avoid allocating (its outputs and gradients).
 
 This module and the op modules beside it import no torch: the API admits and prices jobs with
 them. What needs torch — the seeded input generator and the float64 reference — is the op's
-*runtime* (`kassay.ops.runtime.<op>`), imported only when `make_inputs` or `reference` is called,
+*runtime* (`kassay.ops.<op>.runtime`), imported only when `make_inputs` or `reference` is called,
 i.e. on a worker.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -36,7 +37,7 @@ ITEMSIZE: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2, "float64"
 
 def torch_dtype(name: str) -> torch.dtype:
     """The torch dtype of a dtype name ("float32", "bfloat16", ...): imports torch."""
-    from kassay.ops.runtime.base import DTYPES
+    from kassay.ops.runtime import DTYPES
 
     return DTYPES[name]
 
@@ -95,12 +96,38 @@ class Op(ABC):
     description: ClassVar[str] = ""
     #: module holding `make_inputs(params, regime, seed, device)` and `reference(inputs, params)`
     runtime_module: ClassVar[str]
+    #: modules whose import registers the op's impls (kassay.impls.load): its baseline, its own
+    #: and its peers' kernels (a module that fails to import, e.g. without Triton, is skipped)
+    impl_modules: ClassVar[tuple[str, ...]] = ()
+    #: ... and the self-test's corpora: mutants and correct alternatives (kassay.impls.load with
+    #: mutants=True)
+    corpus_modules: ClassVar[tuple[str, ...]] = ()
+    #: module whose `points(points, regimes, all_regimes)` yields the op's default coverage
+    #: (kassay.ops.coverage); None: none (torch-free: the API expands grids)
+    coverage_module: ClassVar[str | None] = None
+    #: module with the self-test's PROBES, PLAIN_PROBES and FAIRNESS (kassay.ops.probes)
+    probes: ClassVar[str | None] = None
     #: the unit its speed is shown in by default: "tflops" (compute-bound) or "gbps"
     #: (memory-bound); the plots offer the others too
     speed_unit: ClassVar[str] = "tflops"
 
     def parse_params(self, raw: dict[str, Any]) -> OpParams:
         return self.params_model.model_validate(raw)
+
+    def coverage(
+        self, points: list[dict[str, Any]], regimes: list[str]
+    ) -> list[tuple[dict[str, Any], str, str]]:
+        """The (params, regime, note) points default coverage adds to a suite whose grid is
+        `points` (validated params dumps) run in `regimes`; may repeat a user point (the
+        caller drops those)."""
+        if self.coverage_module is None or not points:
+            return []
+        gen = importlib.import_module(self.coverage_module).points
+        return list(gen(points, regimes, tuple(self.regimes)))
+
+    def probes_module(self) -> ModuleType | None:
+        """The self-test's probes of this op (kassay.ops.probes), None where it has none."""
+        return importlib.import_module(self.probes) if self.probes else None
 
     @abstractmethod
     def outputs(self, params: Any) -> list[OutputSpec]:

@@ -75,243 +75,6 @@ EXECUTOR_STATE_FAILED: ExecutorState.ValueType  # 6
 Global___ExecutorState: _TypeAlias = ExecutorState  # noqa: Y015
 
 @_typing.final
-class FlceParams(_message.Message):
-    """-------------------------------------------------------------------------------- op params
-
-    kassay.ops.flce.FlceParams: fused linear cross-entropy.
-    """
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    N_FIELD_NUMBER: _builtins.int
-    H_FIELD_NUMBER: _builtins.int
-    V_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    BIAS_FIELD_NUMBER: _builtins.int
-    AUTOCAST_FIELD_NUMBER: _builtins.int
-    REDUCTION_FIELD_NUMBER: _builtins.int
-    IGNORE_INDEX_FIELD_NUMBER: _builtins.int
-    IGNORE_FRACTION_FIELD_NUMBER: _builtins.int
-    LABEL_SMOOTHING_FIELD_NUMBER: _builtins.int
-    SOFTCAP_FIELD_NUMBER: _builtins.int
-    Z_LOSS_SCALE_FIELD_NUMBER: _builtins.int
-    RETURN_Z_LOSS_FIELD_NUMBER: _builtins.int
-    CE_WEIGHT_FIELD_NUMBER: _builtins.int
-    ACCUM_DTYPE_FIELD_NUMBER: _builtins.int
-    USE_TOKEN_SCALING_FIELD_NUMBER: _builtins.int
-    RETURN_TOKEN_ACCURACY_FIELD_NUMBER: _builtins.int
-    N: _builtins.int
-    """rows (tokens), > 0; required"""
-    H: _builtins.int
-    """hidden size, > 0; required"""
-    V: _builtins.int
-    """vocabulary size, > 0; required"""
-    dtype: _builtins.str
-    """float32 | bfloat16 | float16 (default bfloat16)"""
-    bias: _builtins.bool
-    """default false"""
-    autocast: _builtins.str
-    """none | bfloat16 | float16 (default none)"""
-    reduction: _builtins.str
-    """mean | sum | none (default mean)"""
-    ignore_index: _builtins.int
-    """default -100"""
-    ignore_fraction: _builtins.float
-    """[0, 1], default 0"""
-    label_smoothing: _builtins.float
-    """[0, 1), default 0"""
-    softcap: _builtins.float
-    """> 0; absent: no softcap"""
-    z_loss_scale: _builtins.float
-    """>= 0, default 0"""
-    return_z_loss: _builtins.bool
-    """default false"""
-    ce_weight: _builtins.bool
-    """seeded per-class weights [V] (default false)"""
-    accum_dtype: _builtins.str
-    """float32; absent: the impl's default accumulation"""
-    use_token_scaling: _builtins.bool
-    """default false"""
-    return_token_accuracy: _builtins.bool
-    """default false"""
-    def __init__(
-        self,
-        *,
-        N: _builtins.int | None = ...,
-        H: _builtins.int | None = ...,
-        V: _builtins.int | None = ...,
-        dtype: _builtins.str | None = ...,
-        bias: _builtins.bool | None = ...,
-        autocast: _builtins.str | None = ...,
-        reduction: _builtins.str | None = ...,
-        ignore_index: _builtins.int | None = ...,
-        ignore_fraction: _builtins.float | None = ...,
-        label_smoothing: _builtins.float | None = ...,
-        softcap: _builtins.float | None = ...,
-        z_loss_scale: _builtins.float | None = ...,
-        return_z_loss: _builtins.bool | None = ...,
-        ce_weight: _builtins.bool | None = ...,
-        accum_dtype: _builtins.str | None = ...,
-        use_token_scaling: _builtins.bool | None = ...,
-        return_token_accuracy: _builtins.bool | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["H", b"H", "N", b"N", "V", b"V", "_H", b"_H", "_N", b"_N", "_V", b"_V", "_accum_dtype", b"_accum_dtype", "_autocast", b"_autocast", "_bias", b"_bias", "_ce_weight", b"_ce_weight", "_dtype", b"_dtype", "_ignore_fraction", b"_ignore_fraction", "_ignore_index", b"_ignore_index", "_label_smoothing", b"_label_smoothing", "_reduction", b"_reduction", "_return_token_accuracy", b"_return_token_accuracy", "_return_z_loss", b"_return_z_loss", "_softcap", b"_softcap", "_use_token_scaling", b"_use_token_scaling", "_z_loss_scale", b"_z_loss_scale", "accum_dtype", b"accum_dtype", "autocast", b"autocast", "bias", b"bias", "ce_weight", b"ce_weight", "dtype", b"dtype", "ignore_fraction", b"ignore_fraction", "ignore_index", b"ignore_index", "label_smoothing", b"label_smoothing", "reduction", b"reduction", "return_token_accuracy", b"return_token_accuracy", "return_z_loss", b"return_z_loss", "softcap", b"softcap", "use_token_scaling", b"use_token_scaling", "z_loss_scale", b"z_loss_scale"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["H", b"H", "N", b"N", "V", b"V", "_H", b"_H", "_N", b"_N", "_V", b"_V", "_accum_dtype", b"_accum_dtype", "_autocast", b"_autocast", "_bias", b"_bias", "_ce_weight", b"_ce_weight", "_dtype", b"_dtype", "_ignore_fraction", b"_ignore_fraction", "_ignore_index", b"_ignore_index", "_label_smoothing", b"_label_smoothing", "_reduction", b"_reduction", "_return_token_accuracy", b"_return_token_accuracy", "_return_z_loss", b"_return_z_loss", "_softcap", b"_softcap", "_use_token_scaling", b"_use_token_scaling", "_z_loss_scale", b"_z_loss_scale", "accum_dtype", b"accum_dtype", "autocast", b"autocast", "bias", b"bias", "ce_weight", b"ce_weight", "dtype", b"dtype", "ignore_fraction", b"ignore_fraction", "ignore_index", b"ignore_index", "label_smoothing", b"label_smoothing", "reduction", b"reduction", "return_token_accuracy", b"return_token_accuracy", "return_z_loss", b"return_z_loss", "softcap", b"softcap", "use_token_scaling", b"use_token_scaling", "z_loss_scale", b"z_loss_scale"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__H: _TypeAlias = _typing.Literal["H"]  # noqa: Y015
-    _WhichOneofArgType__H: _TypeAlias = _typing.Literal["_H", b"_H"]  # noqa: Y015
-    _WhichOneofReturnType__N: _TypeAlias = _typing.Literal["N"]  # noqa: Y015
-    _WhichOneofArgType__N: _TypeAlias = _typing.Literal["_N", b"_N"]  # noqa: Y015
-    _WhichOneofReturnType__V: _TypeAlias = _typing.Literal["V"]  # noqa: Y015
-    _WhichOneofArgType__V: _TypeAlias = _typing.Literal["_V", b"_V"]  # noqa: Y015
-    _WhichOneofReturnType__accum_dtype: _TypeAlias = _typing.Literal["accum_dtype"]  # noqa: Y015
-    _WhichOneofArgType__accum_dtype: _TypeAlias = _typing.Literal["_accum_dtype", b"_accum_dtype"]  # noqa: Y015
-    _WhichOneofReturnType__autocast: _TypeAlias = _typing.Literal["autocast"]  # noqa: Y015
-    _WhichOneofArgType__autocast: _TypeAlias = _typing.Literal["_autocast", b"_autocast"]  # noqa: Y015
-    _WhichOneofReturnType__bias: _TypeAlias = _typing.Literal["bias"]  # noqa: Y015
-    _WhichOneofArgType__bias: _TypeAlias = _typing.Literal["_bias", b"_bias"]  # noqa: Y015
-    _WhichOneofReturnType__ce_weight: _TypeAlias = _typing.Literal["ce_weight"]  # noqa: Y015
-    _WhichOneofArgType__ce_weight: _TypeAlias = _typing.Literal["_ce_weight", b"_ce_weight"]  # noqa: Y015
-    _WhichOneofReturnType__dtype: _TypeAlias = _typing.Literal["dtype"]  # noqa: Y015
-    _WhichOneofArgType__dtype: _TypeAlias = _typing.Literal["_dtype", b"_dtype"]  # noqa: Y015
-    _WhichOneofReturnType__ignore_fraction: _TypeAlias = _typing.Literal["ignore_fraction"]  # noqa: Y015
-    _WhichOneofArgType__ignore_fraction: _TypeAlias = _typing.Literal["_ignore_fraction", b"_ignore_fraction"]  # noqa: Y015
-    _WhichOneofReturnType__ignore_index: _TypeAlias = _typing.Literal["ignore_index"]  # noqa: Y015
-    _WhichOneofArgType__ignore_index: _TypeAlias = _typing.Literal["_ignore_index", b"_ignore_index"]  # noqa: Y015
-    _WhichOneofReturnType__label_smoothing: _TypeAlias = _typing.Literal["label_smoothing"]  # noqa: Y015
-    _WhichOneofArgType__label_smoothing: _TypeAlias = _typing.Literal["_label_smoothing", b"_label_smoothing"]  # noqa: Y015
-    _WhichOneofReturnType__reduction: _TypeAlias = _typing.Literal["reduction"]  # noqa: Y015
-    _WhichOneofArgType__reduction: _TypeAlias = _typing.Literal["_reduction", b"_reduction"]  # noqa: Y015
-    _WhichOneofReturnType__return_token_accuracy: _TypeAlias = _typing.Literal["return_token_accuracy"]  # noqa: Y015
-    _WhichOneofArgType__return_token_accuracy: _TypeAlias = _typing.Literal["_return_token_accuracy", b"_return_token_accuracy"]  # noqa: Y015
-    _WhichOneofReturnType__return_z_loss: _TypeAlias = _typing.Literal["return_z_loss"]  # noqa: Y015
-    _WhichOneofArgType__return_z_loss: _TypeAlias = _typing.Literal["_return_z_loss", b"_return_z_loss"]  # noqa: Y015
-    _WhichOneofReturnType__softcap: _TypeAlias = _typing.Literal["softcap"]  # noqa: Y015
-    _WhichOneofArgType__softcap: _TypeAlias = _typing.Literal["_softcap", b"_softcap"]  # noqa: Y015
-    _WhichOneofReturnType__use_token_scaling: _TypeAlias = _typing.Literal["use_token_scaling"]  # noqa: Y015
-    _WhichOneofArgType__use_token_scaling: _TypeAlias = _typing.Literal["_use_token_scaling", b"_use_token_scaling"]  # noqa: Y015
-    _WhichOneofReturnType__z_loss_scale: _TypeAlias = _typing.Literal["z_loss_scale"]  # noqa: Y015
-    _WhichOneofArgType__z_loss_scale: _TypeAlias = _typing.Literal["_z_loss_scale", b"_z_loss_scale"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__H) -> _WhichOneofReturnType__H | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__N) -> _WhichOneofReturnType__N | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__V) -> _WhichOneofReturnType__V | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__accum_dtype) -> _WhichOneofReturnType__accum_dtype | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__autocast) -> _WhichOneofReturnType__autocast | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__bias) -> _WhichOneofReturnType__bias | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__ce_weight) -> _WhichOneofReturnType__ce_weight | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__dtype) -> _WhichOneofReturnType__dtype | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__ignore_fraction) -> _WhichOneofReturnType__ignore_fraction | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__ignore_index) -> _WhichOneofReturnType__ignore_index | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__label_smoothing) -> _WhichOneofReturnType__label_smoothing | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__reduction) -> _WhichOneofReturnType__reduction | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__return_token_accuracy) -> _WhichOneofReturnType__return_token_accuracy | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__return_z_loss) -> _WhichOneofReturnType__return_z_loss | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__softcap) -> _WhichOneofReturnType__softcap | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__use_token_scaling) -> _WhichOneofReturnType__use_token_scaling | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__z_loss_scale) -> _WhichOneofReturnType__z_loss_scale | None: ...
-
-Global___FlceParams: _TypeAlias = FlceParams  # noqa: Y015
-
-@_typing.final
-class LseMergeParams(_message.Message):
-    """kassay.ops.lse_merge.LseMergeParams: softmax log-sum-exp correction (attention-state merge)."""
-
-    DESCRIPTOR: _descriptor.Descriptor
-
-    T_FIELD_NUMBER: _builtins.int
-    HH_FIELD_NUMBER: _builtins.int
-    D_FIELD_NUMBER: _builtins.int
-    K_FIELD_NUMBER: _builtins.int
-    DTYPE_FIELD_NUMBER: _builtins.int
-    LSE_LAYOUT_FIELD_NUMBER: _builtins.int
-    MODE_FIELD_NUMBER: _builtins.int
-    ACCUMULATE_FIELD_NUMBER: _builtins.int
-    T: _builtins.int
-    """sequence length, > 0; required"""
-    Hh: _builtins.int
-    """heads, > 0; required"""
-    D: _builtins.int
-    """head dimension, > 0; required"""
-    K: _builtins.int
-    """partial states, 2..64 (default 2)"""
-    dtype: _builtins.str
-    """float32 | bfloat16 | float16 (default bfloat16)"""
-    lse_layout: _builtins.str
-    """hT | Th (default hT)"""
-    mode: _builtins.str
-    """merge | step | step_second_half (default merge)"""
-    accumulate: _builtins.str
-    """float32 | out (default float32)"""
-    def __init__(
-        self,
-        *,
-        T: _builtins.int | None = ...,
-        Hh: _builtins.int | None = ...,
-        D: _builtins.int | None = ...,
-        K: _builtins.int | None = ...,
-        dtype: _builtins.str | None = ...,
-        lse_layout: _builtins.str | None = ...,
-        mode: _builtins.str | None = ...,
-        accumulate: _builtins.str | None = ...,
-    ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["D", b"D", "Hh", b"Hh", "K", b"K", "T", b"T", "_D", b"_D", "_Hh", b"_Hh", "_K", b"_K", "_T", b"_T", "_accumulate", b"_accumulate", "_dtype", b"_dtype", "_lse_layout", b"_lse_layout", "_mode", b"_mode", "accumulate", b"accumulate", "dtype", b"dtype", "lse_layout", b"lse_layout", "mode", b"mode"]  # noqa: Y015
-    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["D", b"D", "Hh", b"Hh", "K", b"K", "T", b"T", "_D", b"_D", "_Hh", b"_Hh", "_K", b"_K", "_T", b"_T", "_accumulate", b"_accumulate", "_dtype", b"_dtype", "_lse_layout", b"_lse_layout", "_mode", b"_mode", "accumulate", b"accumulate", "dtype", b"dtype", "lse_layout", b"lse_layout", "mode", b"mode"]  # noqa: Y015
-    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType__D: _TypeAlias = _typing.Literal["D"]  # noqa: Y015
-    _WhichOneofArgType__D: _TypeAlias = _typing.Literal["_D", b"_D"]  # noqa: Y015
-    _WhichOneofReturnType__Hh: _TypeAlias = _typing.Literal["Hh"]  # noqa: Y015
-    _WhichOneofArgType__Hh: _TypeAlias = _typing.Literal["_Hh", b"_Hh"]  # noqa: Y015
-    _WhichOneofReturnType__K: _TypeAlias = _typing.Literal["K"]  # noqa: Y015
-    _WhichOneofArgType__K: _TypeAlias = _typing.Literal["_K", b"_K"]  # noqa: Y015
-    _WhichOneofReturnType__T: _TypeAlias = _typing.Literal["T"]  # noqa: Y015
-    _WhichOneofArgType__T: _TypeAlias = _typing.Literal["_T", b"_T"]  # noqa: Y015
-    _WhichOneofReturnType__accumulate: _TypeAlias = _typing.Literal["accumulate"]  # noqa: Y015
-    _WhichOneofArgType__accumulate: _TypeAlias = _typing.Literal["_accumulate", b"_accumulate"]  # noqa: Y015
-    _WhichOneofReturnType__dtype: _TypeAlias = _typing.Literal["dtype"]  # noqa: Y015
-    _WhichOneofArgType__dtype: _TypeAlias = _typing.Literal["_dtype", b"_dtype"]  # noqa: Y015
-    _WhichOneofReturnType__lse_layout: _TypeAlias = _typing.Literal["lse_layout"]  # noqa: Y015
-    _WhichOneofArgType__lse_layout: _TypeAlias = _typing.Literal["_lse_layout", b"_lse_layout"]  # noqa: Y015
-    _WhichOneofReturnType__mode: _TypeAlias = _typing.Literal["mode"]  # noqa: Y015
-    _WhichOneofArgType__mode: _TypeAlias = _typing.Literal["_mode", b"_mode"]  # noqa: Y015
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__D) -> _WhichOneofReturnType__D | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__Hh) -> _WhichOneofReturnType__Hh | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__K) -> _WhichOneofReturnType__K | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__T) -> _WhichOneofReturnType__T | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__accumulate) -> _WhichOneofReturnType__accumulate | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__dtype) -> _WhichOneofReturnType__dtype | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__lse_layout) -> _WhichOneofReturnType__lse_layout | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType__mode) -> _WhichOneofReturnType__mode | None: ...
-
-Global___LseMergeParams: _TypeAlias = LseMergeParams  # noqa: Y015
-
-@_typing.final
 class TolerancePolicy(_message.Message):
     """------------------------------------------------------------------------------------ groups
 
@@ -464,17 +227,14 @@ Global___TimingPolicy: _TypeAlias = TimingPolicy  # noqa: Y015
 
 @_typing.final
 class GroupSpec(_message.Message):
-    """kassay.validate.spec.GroupSpec: one input group. The op is the params oneof's case, and
-    `op` must name the same op.
-    """
+    """kassay.validate.spec.GroupSpec: one input group."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
     GROUP_ID_FIELD_NUMBER: _builtins.int
     SUITE_INDEX_FIELD_NUMBER: _builtins.int
     OP_FIELD_NUMBER: _builtins.int
-    FLCE_FIELD_NUMBER: _builtins.int
-    LSE_MERGE_FIELD_NUMBER: _builtins.int
+    PARAMS_JSON_FIELD_NUMBER: _builtins.int
     REGIME_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     IMPLS_FIELD_NUMBER: _builtins.int
@@ -487,7 +247,11 @@ class GroupSpec(_message.Message):
     group_id: _builtins.str
     suite_index: _builtins.int
     op: _builtins.str
-    """flce | lse_merge"""
+    """an op the worker has (kassay.ops: built-in or plugin)"""
+    params_json: _builtins.str
+    """The op's params as a JSON object, validated on arrival by the op's own params model
+    (kassay.ops.<op>): no op has a message here, so a new op changes nothing in this file.
+    """
     regime: _builtins.str
     """empty: "normal" """
     seed: _builtins.int
@@ -499,10 +263,6 @@ class GroupSpec(_message.Message):
     """Non-empty: a grid point the op refuses as a combination (dtype x autocast), reported
     skipped with this reason by the API and never sent to a worker; a worker refuses it.
     """
-    @_builtins.property
-    def flce(self) -> Global___FlceParams: ...
-    @_builtins.property
-    def lse_merge(self) -> Global___LseMergeParams: ...
     @_builtins.property
     def impls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -525,8 +285,7 @@ class GroupSpec(_message.Message):
         group_id: _builtins.str = ...,
         suite_index: _builtins.int = ...,
         op: _builtins.str = ...,
-        flce: Global___FlceParams | None = ...,
-        lse_merge: Global___LseMergeParams | None = ...,
+        params_json: _builtins.str = ...,
         regime: _builtins.str = ...,
         seed: _builtins.int = ...,
         impls: _abc.Iterable[_builtins.str] | None = ...,
@@ -537,13 +296,11 @@ class GroupSpec(_message.Message):
         artifacts: _abc.Iterable[_builtins.str] | None = ...,
         skip: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["flce", b"flce", "lse_merge", b"lse_merge", "params", b"params", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "coverage", b"coverage", "flce", b"flce", "group_id", b"group_id", "impls", b"impls", "lse_merge", b"lse_merge", "op", b"op", "params", b"params", "regime", b"regime", "seed", b"seed", "skip", b"skip", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "coverage", b"coverage", "group_id", b"group_id", "impls", b"impls", "op", b"op", "params_json", b"params_json", "regime", b"regime", "seed", b"seed", "skip", b"skip", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["flce", "lse_merge"]  # noqa: Y015
-    _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_params) -> _WhichOneofReturnType_params | None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GroupSpec: _TypeAlias = GroupSpec  # noqa: Y015
 
@@ -1037,8 +794,7 @@ class CaseResult(_message.Message):
     SUITE_INDEX_FIELD_NUMBER: _builtins.int
     OP_FIELD_NUMBER: _builtins.int
     IMPL_FIELD_NUMBER: _builtins.int
-    FLCE_FIELD_NUMBER: _builtins.int
-    LSE_MERGE_FIELD_NUMBER: _builtins.int
+    PARAMS_JSON_FIELD_NUMBER: _builtins.int
     REGIME_FIELD_NUMBER: _builtins.int
     SEED_FIELD_NUMBER: _builtins.int
     DTYPE_FIELD_NUMBER: _builtins.int
@@ -1062,6 +818,8 @@ class CaseResult(_message.Message):
     suite_index: _builtins.int
     op: _builtins.str
     impl: _builtins.str
+    params_json: _builtins.str
+    """the op's params as a JSON object (see GroupSpec)"""
     regime: _builtins.str
     seed: _builtins.int
     dtype: _builtins.str
@@ -1081,10 +839,6 @@ class CaseResult(_message.Message):
     """A short name within its report (kassay.validate.names); empty on the wire."""
     broken_since: _builtins.str
     """Where the compared series started to break this case key (set when a report is made)."""
-    @_builtins.property
-    def flce(self) -> Global___FlceParams: ...
-    @_builtins.property
-    def lse_merge(self) -> Global___LseMergeParams: ...
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputMetrics]: ...
     @_builtins.property
@@ -1111,8 +865,7 @@ class CaseResult(_message.Message):
         suite_index: _builtins.int = ...,
         op: _builtins.str = ...,
         impl: _builtins.str = ...,
-        flce: Global___FlceParams | None = ...,
-        lse_merge: Global___LseMergeParams | None = ...,
+        params_json: _builtins.str = ...,
         regime: _builtins.str = ...,
         seed: _builtins.int = ...,
         dtype: _builtins.str = ...,
@@ -1131,22 +884,18 @@ class CaseResult(_message.Message):
         name: _builtins.str = ...,
         broken_since: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "device", b"device", "environment", b"environment", "flce", b"flce", "lse_merge", b"lse_merge", "memory", b"memory", "params", b"params", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "device", b"device", "environment", b"environment", "memory", b"memory", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "broken_since", b"broken_since", "case_id", b"case_id", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "flce", b"flce", "group_id", b"group_id", "impl", b"impl", "lse_merge", b"lse_merge", "memory", b"memory", "message", b"message", "name", b"name", "op", b"op", "outputs", b"outputs", "params", b"params", "ran_in", b"ran_in", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "broken_since", b"broken_since", "case_id", b"case_id", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "group_id", b"group_id", "impl", b"impl", "memory", b"memory", "message", b"message", "name", b"name", "op", b"op", "outputs", b"outputs", "params_json", b"params_json", "ran_in", b"ran_in", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__device: _TypeAlias = _typing.Literal["device"]  # noqa: Y015
     _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015
     _WhichOneofReturnType__worker: _TypeAlias = _typing.Literal["worker"]  # noqa: Y015
     _WhichOneofArgType__worker: _TypeAlias = _typing.Literal["_worker", b"_worker"]  # noqa: Y015
-    _WhichOneofReturnType_params: _TypeAlias = _typing.Literal["flce", "lse_merge"]  # noqa: Y015
-    _WhichOneofArgType_params: _TypeAlias = _typing.Literal["params", b"params"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__device) -> _WhichOneofReturnType__device | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__worker) -> _WhichOneofReturnType__worker | None: ...
-    @_typing.overload
-    def WhichOneof(self, oneof_group: _WhichOneofArgType_params) -> _WhichOneofReturnType_params | None: ...
 
 Global___CaseResult: _TypeAlias = CaseResult  # noqa: Y015
 

@@ -1,6 +1,6 @@
 """`kassay selftest`: the service's worth is catching wrong kernels.
 
-Each targeted probe pairs one mutant (a known real-world bug, kassay.impls.mutants) with a small
+Each targeted probe pairs one mutant (a known real-world bug, the op folder's `mutants`; its probes in `probes`: kassay.ops.probes) with a small
 grid that exposes it, and runs the correct impls (torch, kassay) on the same groups under the
 default policies. Plain probes run their mutants the way a new user would: a spec naming only
 shapes, dtypes and options, no regimes listed, default coverage; what catches them is kassay's
@@ -9,7 +9,7 @@ a correct impl's case that does not pass is a false failure. The run ends with
 `detected D/M mutants, false failures F/C correct cases`, and succeeds only when D = M, F = 0.
 
 The other corpus is fairness: correct impls written differently from eager PyTorch
-(kassay.impls.alternatives: other softmax formulas, float32 logits under 16-bit inputs, float64,
+(each op folder's `alternatives`: other softmax formulas, float32 logits under 16-bit inputs, float64,
 chunked and compensated sums) run beside torch and kassay under plain specs at every dtype and
 AMP (FAIRNESS); each of their cases that does not pass counts as a false failure too, and the
 last line says how many of the correct cases were theirs.
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kassay.impls import get_impl, list_impls, load
+from kassay.ops import all_ops
+from kassay.ops.probes import CORRECT, Probe
 from kassay.validate.engine import run_group
 from kassay.validate.env import resolve_device
 from kassay.validate.results import CaseResult
@@ -33,149 +35,35 @@ from kassay.validate.spec import (
     local_impl_check,
 )
 
-CORRECT = ("torch", "kassay")
 #: statuses of a correct impl's case that are not a verdict (it cannot run these params, or the
 #: device cannot judge them: kassay.validate.interpreter)
 NOT_COUNTED = ("unsupported", "skipped")
 
 
-@dataclass(frozen=True)
-class Probe:
-    op: str
-    mutant: str
-    params: dict[str, Any]
-    regimes: tuple[str, ...] = ("normal",)
-    # correct impls that must pass here; torch is left out where eager PyTorch itself has the bug
-    correct: tuple[str, ...] = CORRECT
-    note: str = ""
-    plain: bool = False  # params is a whole plain suite's grid; regimes and coverage default
-    baseline: str = "torch"
+def probes() -> list[Probe]:
+    """Every op's targeted probes (its probes module's PROBES)."""
+    return _gather("PROBES")
 
 
-_F = {"N": 48, "H": 32, "V": 80, "dtype": "float32"}
-_L = {"T": 64, "Hh": 4, "D": 16, "K": 3, "dtype": "float32"}
-
-PROBES: tuple[Probe, ...] = (
-    Probe("flce", "m_autocast_bias_none", {**_F, "autocast": "bfloat16", "bias": False}),
-    Probe(
-        "flce",
-        "m_ignored_zero_div",
-        dict(_F),
-        ("all_ignored",),
-        ("kassay",),
-        "torch_native (F.linear_cross_entropy) also returns NaN when every target is ignored",
-    ),
-    Probe("flce", "m_none_grad_scale", {**_F, "reduction": "none"}),
-    Probe("flce", "m_bf16_chunk_accum", {"N": 2048, "H": 64, "V": 96, "dtype": "bfloat16"}),
-    Probe("flce", "m_label_smoothing_weight", {**_F, "label_smoothing": 0.1}),
-    Probe("flce", "m_zeros", dict(_F)),
-    Probe("flce", "m_ce_weight_row_mean", {**_F, "ce_weight": True}),
-    Probe("flce", "m_ce_weight_smoothing", {**_F, "ce_weight": True, "label_smoothing": 0.1}),
-    Probe("flce", "m_token_scaling_grad", {**_F, "use_token_scaling": True}),
-    Probe(
-        "flce",
-        "m_accuracy_counts_ignored",
-        # the inputs plant argmax hits (about half the rows) whatever V
-        {**_F, "return_token_accuracy": True, "ignore_fraction": 0.25},
-    ),
-    Probe(
-        "flce",
-        "m_accum_bf16_when_f32",
-        {"N": 2048, "H": 64, "V": 96, "dtype": "bfloat16", "accum_dtype": "float32"},
-    ),
-    Probe("lse_merge", "m_naive_logaddexp", {**_L, "mode": "merge"}, ("huge",)),
-    Probe("lse_merge", "m_empty_nan", {**_L, "mode": "step"}, ("empty_rows", "fa2_inf")),
-    Probe("lse_merge", "m_copy_update", {**_L, "mode": "step"}),
-    Probe(
-        "lse_merge",
-        "m_out_dtype_accum",
-        {
-            "T": 128,
-            "Hh": 4,
-            "D": 64,
-            "K": 64,
-            "dtype": "bfloat16",
-            "mode": "step",
-            "accumulate": "float32",
-        },
-    ),
-    Probe("lse_merge", "m_zeros", {**_L, "mode": "merge"}),
-    Probe(
-        "lse_merge",
-        "m_garbage_empty",
-        {**_L, "mode": "step"},
-        ("empty_rows",),
-        ("kassay",),
-        "the baseline is a mutant whose errors would have widened the limits",
-        baseline="m_stale_empty_baseline",
-    ),
-    Probe(
-        "lse_merge",
-        "m_stale_empty_baseline",
-        {**_L, "mode": "step"},
-        ("fa2_inf",),
-        ("kassay",),
-        "a wrong baseline is itself caught (baseline_suspect)",
-        baseline="m_stale_empty_baseline",
-    ),
-)
-
-# What a new user writes: shapes, dtypes, options; nothing aimed at a bug.
-_PLAIN_F = {"N": 32, "H": 48, "V": 256, "dtype": "float32"}
-_PLAIN_L = {
-    "T": 64,
-    "Hh": 4,
-    "D": 32,
-    "K": 4,
-    "dtype": ["float32", "float16"],
-    "mode": ["merge", "step"],
-}
-PLAIN_PROBES: tuple[Probe, ...] = tuple(
-    Probe(op, m, params, ("plain",), plain=True)
-    for op, params, names in (
-        ("flce", _PLAIN_F, ("m_softcap_before_bias", "m_tail_rows_dropped", "m_count_in_bf16")),
-        (
-            "lse_merge",
-            _PLAIN_L,
-            (
-                "m_layout_from_shape",
-                "m_states_capped",
-                "m_truncating_round",
-                "m_unordered_merge",
-                "m_stale_acc",
-                "m_merge_out_accum",
-            ),
-        ),
-    )
-    for m in names
-)
+def plain_probes() -> list[Probe]:
+    """Every op's plain probes (PLAIN_PROBES)."""
+    return _gather("PLAIN_PROBES")
 
 
-# The fairness corpus's plain suites: every dtype, AMP (dtype x autocast: the combinations the
-# op refuses come back skipped), every mode; default regimes and coverage.
-FAIRNESS: tuple[tuple[str, dict[str, Any]], ...] = (
-    (
-        "flce",
-        {
-            "N": 32,
-            "H": 48,
-            "V": 256,
-            "dtype": ["float32", "float16", "bfloat16"],
-            "autocast": ["none", "bfloat16", "float16"],
-        },
-    ),
-    (
-        "lse_merge",
-        {
-            "T": 64,
-            "Hh": 4,
-            "D": 32,
-            "K": 4,
-            "dtype": ["float32", "float16", "bfloat16"],
-            "mode": ["merge", "step", "step_second_half"],
-        },
-    ),
-)
+def fairness() -> list[tuple[str, dict[str, Any]]]:
+    """(op, plain grid) of every op's fairness suite (FAIRNESS)."""
+    return _gather("FAIRNESS")
+
+
+def _gather(attr: str) -> list[Any]:
+    """Every op's probes module's `attr` (kassay.ops.probes), in op order."""
+    out: list[Any] = []
+    for op in all_ops():
+        mod = op.probes_module()
+        if mod is not None:
+            value = getattr(mod, attr, ())
+            out += [(op.name, value)] if isinstance(value, dict) else list(value)
+    return out
 
 
 @dataclass
@@ -249,7 +137,7 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
     load(mutants=True)
     dev = resolve_device(device)
     results = []
-    for i, probe in enumerate(PROBES):
+    for i, probe in enumerate(probes()):
         if only and probe.mutant not in only and f"{probe.op}.{probe.mutant}" not in only:
             continue
         pr = ProbeResult(probe)
@@ -278,7 +166,7 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
 def _run_fairness(dev: Any) -> list[CaseResult]:
     """The fairness corpus under plain specs: correct alternatives beside torch and kassay."""
     suites = []
-    for op, params in FAIRNESS:
+    for op, params in fairness():
         impls = [i.name for i in list_impls(op, include_mutants=True) if i.kind == "alternative"]
         suites.append(
             Suite(
@@ -302,10 +190,11 @@ def _run_plain(dev: Any, only: list[str] | None) -> list[ProbeResult]:
     """One plain suite per op holding the correct impls and every plain mutant of the op: the
     expansion (grid, every regime, default coverage) is the user's, run once."""
     out = []
-    for op in dict.fromkeys(p.op for p in PLAIN_PROBES):
+    plain = plain_probes()
+    for op in dict.fromkeys(p.op for p in plain):
         probes = [
             p
-            for p in PLAIN_PROBES
+            for p in plain
             if p.op == op and (not only or p.mutant in only or f"{p.op}.{p.mutant}" in only)
         ]
         if not probes:

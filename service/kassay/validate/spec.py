@@ -481,12 +481,10 @@ def _coverage_groups(
     """Groups for the edge points coverage adds to one suite: valid for the op, not already in
     the grid, at the suite's first seed, untimed; they load the job's `artifacts` as its grid
     groups do (the suite's impls may come from them)."""
-    from kassay.validate.coverage import coverage_points
-
     seen = {(json.dumps(g.params, sort_keys=True), g.regime) for g in existing}
     seed = suite.seeds[0]
     out = []
-    for raw, regime, note in coverage_points(op.name, points, regimes, tuple(op.regimes)):
+    for raw, regime, note in op.coverage(points, regimes):
         try:
             parsed = op.parse_params(raw)
         except ValidationError:

@@ -166,10 +166,10 @@ def describe_ops(device: Any, *, include_testing: bool) -> list[dict[str, Any]]:
     """Ops and impls with what each supports on `device`: the impl's supports() on the minimal
     params of every dtype (cheap; params-dependent limits beyond that are not known here)."""
     from kassay.impls import list_impls
-    from kassay.ops import OPS
+    from kassay.ops import all_ops
 
     ops = []
-    for op in OPS.values():
+    for op in all_ops():
         dtypes = _dtypes(op)
         impls = []
         for impl in list_impls(op.name, include_mutants=True, include_testing=include_testing):

@@ -36,6 +36,7 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from kassay import __version__
+from kassay import wire as convert
 from kassay.errors import (
     ConflictError,
     InvalidSpecError,
@@ -47,7 +48,7 @@ from kassay.v1 import worker_pb2 as pb
 from kassay.v1 import worker_pb2_grpc
 from kassay.validate.results import CaseResult
 from kassay.validate.spec import MAX_ARTIFACTS, GroupSpec
-from kassay.worker import convert, keepalive
+from kassay.worker import keepalive
 from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor

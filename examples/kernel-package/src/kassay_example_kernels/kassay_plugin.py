@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kassay.impls import Impl
-from kassay.impls.lse_harness import as_run, supports_modes
+from kassay.ops.lse_merge.harness import as_run, supports_modes
 
 
 def _merge(outs, lses, *, lse_layout, accumulate):  # accumulates in float32 either way

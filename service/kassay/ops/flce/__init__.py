@@ -21,7 +21,7 @@ Gradients are taken with upstream grad_output = 1 for mean/sum, and a seeded ran
 reduction none (so an impl that scales every row by grad_output[0] is caught).
 
 This is the op's torch-free contract; its inputs and float64 reference live in
-`kassay.ops.runtime.flce`.
+`kassay.ops.flce.runtime`.
 """
 
 from __future__ import annotations
@@ -93,7 +93,15 @@ class FlceOp(Op):
     params_model = FlceParams
     regimes = REGIMES
     description = "fused linear cross-entropy (x @ W^T + b -> CE), forward + backward"
-    runtime_module = "kassay.ops.runtime.flce"
+    runtime_module = "kassay.ops.flce.runtime"
+    impl_modules = (
+        "kassay.ops.flce.baseline",
+        "kassay.ops.flce.peers",
+        "kassay.ops.flce.kassay_impl",
+    )
+    corpus_modules = ("kassay.ops.flce.mutants", "kassay.ops.flce.alternatives")
+    coverage_module = "kassay.ops.flce.coverage"
+    probes = "kassay.ops.flce.probes"
 
     def outputs(self, params: FlceParams) -> list[OutputSpec]:
         p = params

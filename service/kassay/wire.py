@@ -1,4 +1,5 @@
-"""pydantic <-> protobuf conversion for the kassay.v1 worker contract.
+"""pydantic <-> protobuf conversion for the kassay.v1 worker contract: the one wire module, used
+by the API (kassay.api.dispatcher) and the worker (kassay.worker.server) alike.
 
 The protobuf messages mirror the pydantic models field for field, so most of the work is generic
 (walk the message descriptor). Conventions:
@@ -8,10 +9,11 @@ The protobuf messages mirror the pydantic models field for field, so most of the
   field the sender left out takes the model's default, and invalid values fail here with the
   field path (InvalidSpecError, which the worker maps to INVALID_ARGUMENT). A validated params
   dump round-trips exactly.
-- The op's params travel in a `oneof params` whose case names the op (`flce`, `lse_merge`).
+- An op's params travel as data: a JSON object (`params_json`) read back through the params
+  model of the op `op` names (kassay.ops: built-in or plugin), so a new op needs no proto change.
 - Environment extras (the model allows them) travel as JSON text in `extra`.
 
-Importing this module is cheap; reading params back imports kassay.ops (and so torch).
+Importing this module is cheap and imports no torch (op contracts are torch-free).
 """
 
 from __future__ import annotations
@@ -29,11 +31,6 @@ from kassay.validate.results import CaseResult, Environment
 from kassay.validate.spec import GroupSpec, TimingPolicy, TolerancePolicy, spec_error
 
 Loc = tuple[str | int, ...]
-
-#: ops that have a params message, i.e. the cases of the `params` oneofs.
-PARAMS_FIELDS: tuple[str, ...] = tuple(
-    f.name for f in pb.GroupSpec.DESCRIPTOR.oneofs_by_name["params"].fields
-)
 
 _ENV_FIELDS = frozenset(pb.Environment.DESCRIPTOR.fields_by_name) - {"extra"}
 
@@ -116,33 +113,31 @@ def _validate(model: type[BaseModel], data: dict[str, Any], loc: Loc) -> Any:
 
 
 def set_params(msg: Message, op: str, params: Mapping[str, Any], loc: Loc = ()) -> None:
-    """Put an op's params dict into the `params` oneof of msg (GroupSpec or CaseResult)."""
-    if op not in PARAMS_FIELDS:
-        raise InvalidSpecError(
-            f"{'.'.join(map(str, (*loc, 'op'))) or 'op'}: unknown op {op!r}; known ops: "
-            + ", ".join(PARAMS_FIELDS),
-            details={
-                "field": "op",
-                "allowed": list(PARAMS_FIELDS),
-                "errors": [{"loc": [*loc, "op"], "msg": f"unknown op {op!r}"}],
-            },
-        )
-    sub = getattr(msg, op)
-    sub.SetInParent()
-    fill(sub, params, (*loc, "params"))
+    """Put an op's params dict into msg's `params_json` (GroupSpec or CaseResult)."""
+    from kassay.ops import get_op
+
+    model = get_op(op).params_model  # UnknownOpError naming the known ops
+    checked = _validate(model, dict(params), (*loc, "params"))
+    msg.params_json = json.dumps(checked.model_dump(), sort_keys=True)  # type: ignore[attr-defined]
 
 
 def get_params(msg: Message, op: str, loc: Loc = ()) -> dict[str, Any]:
-    """The op's validated params dump from the `params` oneof of msg; checks it names `op`."""
-    which = msg.WhichOneof("params")
-    if which is None:
-        raise _invalid((*loc, "params"), f"missing: set one of {', '.join(PARAMS_FIELDS)}")
-    if op and which != op:
-        raise _invalid((*loc, "op"), f"op is {op!r} but the params are {which!r} params")
+    """The validated params dump of op `op` from msg's `params_json`."""
     from kassay.ops import get_op
 
-    model = get_op(which).params_model
-    params = _validate(model, read(getattr(msg, which), omit_absent=True), (*loc, "params"))
+    text = msg.params_json  # type: ignore[attr-defined]
+    if not text:
+        raise _invalid((*loc, "params_json"), "missing: the op's params as a JSON object")
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise _invalid((*loc, "params_json"), f"not JSON: {exc}") from None
+    if not isinstance(raw, dict):
+        raise _invalid((*loc, "params_json"), "must be a JSON object")
+    if not op:
+        raise _invalid((*loc, "op"), "must name the op")
+    model = get_op(op).params_model
+    params = _validate(model, raw, (*loc, "params"))
     return dict(params.model_dump())
 
 
@@ -178,7 +173,7 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
         raise _invalid((*loc, "impls"), "must list at least one impl")
     if msg.skip:
         raise _invalid((*loc, "skip"), f"a skipped grid point is never run ({msg.skip})")
-    op = msg.op or (msg.WhichOneof("params") or "")
+    op = msg.op
     params = get_params(msg, op, loc)
     tolerance = (
         _validate(TolerancePolicy, read(msg.tolerance, omit_absent=True), (*loc, "tolerance"))
@@ -257,7 +252,7 @@ def result_to_proto(result: CaseResult, msg: pb.CaseResult | None = None) -> pb.
 def result_from_proto(msg: pb.CaseResult) -> CaseResult:
     """kassay.v1.CaseResult -> CaseResult."""
     data = read(msg)
-    for key in (*PARAMS_FIELDS, *_RESULT_SPECIAL):
+    for key in ("params_json", *_RESULT_SPECIAL):
         data.pop(key, None)
     data["params"] = get_params(msg, msg.op)
     data["environment"] = (
@@ -267,7 +262,6 @@ def result_from_proto(msg: pb.CaseResult) -> CaseResult:
 
 
 __all__ = [
-    "PARAMS_FIELDS",
     "environment_from_proto",
     "environment_to_proto",
     "fill",

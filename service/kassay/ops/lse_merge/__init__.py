@@ -13,7 +13,7 @@ that half). `accumulate`: float32 (a float32 accumulator across steps) or `out` 
 output dtype, rounding after every step).
 
 This is the op's torch-free contract; its inputs and float64 reference live in
-`kassay.ops.runtime.lse_merge`.
+`kassay.ops.lse_merge.runtime`.
 """
 
 from __future__ import annotations
@@ -60,7 +60,11 @@ class LseMergeOp(Op):
     params_model = LseMergeParams
     regimes = REGIMES
     description = "softmax log-sum-exp correction: merge partial attention states"
-    runtime_module = "kassay.ops.runtime.lse_merge"
+    runtime_module = "kassay.ops.lse_merge.runtime"
+    impl_modules = ("kassay.ops.lse_merge.baseline", "kassay.ops.lse_merge.kassay_impl")
+    corpus_modules = ("kassay.ops.lse_merge.mutants", "kassay.ops.lse_merge.alternatives")
+    coverage_module = "kassay.ops.lse_merge.coverage"
+    probes = "kassay.ops.lse_merge.probes"
     speed_unit = "gbps"  # ~1 FLOP per byte: memory-bound
 
     def outputs(self, params: LseMergeParams) -> list[OutputSpec]:
@@ -81,7 +85,7 @@ class LseMergeOp(Op):
     def bytes_moved(self, params: LseMergeParams) -> float:
         """Bytes the timed call cannot avoid moving. merge: (K + 1) * T * Hh * (D * out bytes +
         4), K states read and one written (TARGETS.md's model). The step modes time the
-        harness's whole sequence (kassay.impls.lse_harness): state 0 copied into the
+        harness's whole sequence (kassay.ops.lse_merge.harness): state 0 copied into the
         accumulator (out and lse, and a float32 copy of out when accumulate is float32), then
         K - 1 in-place updates, each reading its state and the accumulator and writing the
         accumulator back (float32 and out, or out alone), over the rows it covers (half of them

@@ -9,7 +9,7 @@ import torch
 
 from kassay.ops.base import CONDITIONING
 from kassay.ops.lse_merge import LseMergeParams
-from kassay.ops.runtime.base import Tensors, generator
+from kassay.ops.runtime import Tensors, generator
 
 
 def lse_to_th(lse: torch.Tensor, layout: str) -> torch.Tensor:

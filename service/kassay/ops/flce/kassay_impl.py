@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from kassay.impls import flce_harness
 from kassay.impls.registry import Impl, register
 from kassay.kernels import fused_linear_cross_entropy
 from kassay.ops.flce import FlceParams
+from kassay.ops.flce import harness as flce_harness
 
 
 def _loss(

@@ -9,7 +9,7 @@ import torch
 
 from kassay.ops.base import CONDITIONING, SCALE_NOISE
 from kassay.ops.flce import REF_CHUNK_BYTES, FlceParams
-from kassay.ops.runtime.base import Tensors, generator
+from kassay.ops.runtime import Tensors, generator
 
 # Planted argmax hits (return_token_accuracy): the share of non-ignored rows whose target is set
 # to the row's argmax, and how many times its worst-case rounding error a logit gap must exceed
