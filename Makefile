@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
 
-.PHONY: run demo test lint typecheck unit integration protos check-protos deploy-check venv clean browser postgres
+.PHONY: run demo test lint typecheck unit integration protos sdk check-protos deploy-check venv clean browser postgres
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -64,6 +64,10 @@ integration: venv postgres
 
 protos: venv
 	$(BIN)/python -m kassay.worker.protogen
+
+# The SDK's blocking client, generated from its async definition (kassay_client/_async/).
+sdk: venv
+	$(BIN)/python client/gen_sync.py
 
 # The embedded default: API + local worker + SQLite; submits the smoke job and keeps serving.
 run: venv

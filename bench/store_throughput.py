@@ -89,12 +89,14 @@ def write_child(argv: list[str]) -> None:
     store = Store(url)
     cases = groups = 0
     t0 = time.perf_counter()
-    while (claim := store.claim_group(worker=me, owner=me, lease_s=600, job_id=job_id)) is not None:
+    while (
+        claim := store.queue.claim_group(worker=me, owner=me, lease_s=600, job_id=job_id)
+    ) is not None:
         for impl in claim.group.impls:
             result = case_result(claim.group, impl, "passed", "bench", dtype="float32")
-            if store.record_result(job_id, result) is not None:
+            if store.results.record_result(job_id, result) is not None:
                 cases += 1
-        store.finish_group(job_id, claim.group.group_id)
+        store.queue.finish_group(job_id, claim.group.group_id)
         groups += 1
     wall = time.perf_counter() - t0
     store.close()

@@ -21,8 +21,11 @@
 #   engine    alone on the GPU: the README's engine table from examples/h200.yaml (~150 s)
 #   flce      the memory-speed curve of the default call (~300 s)
 #   gputests  the whole GPU test suite, alone (~400 s)
+#   sandbox   #31's CUDA IPC transport (tests/gpu/test_cuda_ipc_gpu.py), the sandboxed Triton
+#             artifact (test_sandbox_gpu.py) and #30's op plugin on CUDA (test_op_plugin_gpu.py)
+#             (~150 s)
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests}
+stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests|sandbox}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
@@ -71,6 +74,10 @@ engine)
     ;;
 flce)
     step flce-budgets 280 python3 bench/flce.py --budgets --out "$out/flce-budgets-h200-$day.json"
+    ;;
+sandbox)
+    step gpu-sandbox 500 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
+        tests/gpu/test_cuda_ipc_gpu.py tests/gpu/test_sandbox_gpu.py tests/gpu/test_op_plugin_gpu.py
     ;;
 gputests)
     step gpu-tests 570 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider

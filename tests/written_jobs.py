@@ -63,12 +63,12 @@ def finished_job(
     body = {**(spec or SPEC), "labels": {**labels, "commit": commit}}
     job = client.post("/v1/jobs", json=body).json()
     store = client.app.state.services.store
-    for job_id, group in store.pending_groups():
+    for job_id, group in store.queue.pending_groups():
         assert job_id == job["id"]
         for impl in group.impls:
             factor = slow if impl == "te_style" else 1.0
             samples = [factor * (1 + 0.001 * (i % 7)) for i in range(50)]
-            store.record_result(
+            store.results.record_result(
                 job["id"],
                 case_result(
                     group,
@@ -80,7 +80,7 @@ def finished_job(
                     environment=env,
                 ),
             )
-        store.finish_group(job["id"], group.group_id)
-    store.add_environment(job["id"], env.model_dump(mode="json"))
+        store.queue.finish_group(job["id"], group.group_id)
+    store.results.add_environment(job["id"], env.model_dump(mode="json"))
     assert client.get(f"/v1/jobs/{job['id']}").json()["state"] == "finished"
     return str(job["id"])

@@ -1,5 +1,5 @@
 """pydantic <-> protobuf conversion for the kassay.v1 worker contract: the one wire module, used
-by the API (kassay.api.dispatcher) and the worker (kassay.worker.server) alike.
+by the API (kassay.api.dispatch) and the worker (kassay.worker.server) alike.
 
 The protobuf messages mirror the pydantic models field for field, so most of the work is generic
 (walk the message descriptor). Conventions:

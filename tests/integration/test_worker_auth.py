@@ -272,7 +272,7 @@ INTRUDER = b"def impls():\n    return []\n"
 def _chunks(data: bytes, digest: str, filename: str) -> Iterator[pb.ArtifactChunk]:
     """An artifact as the API sends it: PutArtifact messages of ARTIFACT_CHUNK_BYTES, the first
     naming the digest and the file."""
-    from kassay.api.dispatcher import ARTIFACT_CHUNK_BYTES as step
+    from kassay.api.dispatch import ARTIFACT_CHUNK_BYTES as step
 
     for i in range(0, max(len(data), 1), step):
         head = {"digest": digest, "filename": filename} if i == 0 else {}

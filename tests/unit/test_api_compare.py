@@ -120,9 +120,9 @@ def test_a_recorded_verdict_stays_with_the_job(client) -> None:
     spec = {**SPEC, "compare_to": {"labels": {"branch": "main"}}}
     pr = finished_job(client, {"branch": "pr"}, slow=1.2, spec=spec)
     store = client.app.state.services.store
-    assert store.recorded_comparison(pr)[0] is False  # nothing asked for it yet
+    assert store.history.recorded_comparison(pr)[0] is False  # nothing asked for it yet
     first = client.get(f"/v1/jobs/{pr}/report").json()["comparison"]
-    recorded, comparison, _ = store.recorded_comparison(pr)
+    recorded, comparison, _ = store.history.recorded_comparison(pr)
     assert recorded and comparison is not None and comparison.to_job_id == main
     assert client.get(f"/v1/jobs/{pr}/compare").json() == first
 

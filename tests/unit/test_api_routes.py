@@ -10,7 +10,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from kassay.api.app import create_app
-from kassay.api.dispatcher import WorkerLink
+from kassay.api.dispatch import WorkerLink
 from kassay.settings import Settings
 
 SPEC = {
@@ -154,10 +154,10 @@ def test_unrunnable_groups_fail_naming_what_the_workers_offer(tmp_path):
             WorkerLink("w:1", state="up", ops={"lse_merge": ["torch"]}),
             WorkerLink("w:2"),
         ]
-        asyncio.run(disp._fail_unrunnable())
+        asyncio.run(disp.sweeper.fail_unrunnable())
         assert c.get(f"/v1/jobs/{job['id']}").json()["state"] == "queued"
         disp.links = [WorkerLink("w:1", state="up", ops={"lse_merge": ["torch", "te_style"]})]
-        asyncio.run(disp._fail_unrunnable())
+        asyncio.run(disp.sweeper.fail_unrunnable())
         done = c.get(f"/v1/jobs/{job['id']}").json()
         assert done["state"] == "finished" and done["ok"] is False
         cases = c.get(f"/v1/jobs/{job['id']}/report").json()["cases"]
@@ -402,7 +402,7 @@ def test_a_job_past_its_time_cap_ends_as_timeout(tmp_path):
         capped = c.post("/v1/jobs", json={**SPEC, "max_duration_s": 0.2}).json()
         uncapped = c.post("/v1/jobs", json=SPEC).json()
         time.sleep(0.3)
-        asyncio.run(c.app.state.services.dispatcher._expire_overdue())
+        asyncio.run(c.app.state.services.dispatcher.sweeper.expire_overdue())
         done = c.get(f"/v1/jobs/{capped['id']}").json()
         assert done["state"] == "finished" and done["ok"] is False
         cases = c.get(f"/v1/jobs/{capped['id']}/report").json()["cases"]
@@ -410,7 +410,7 @@ def test_a_job_past_its_time_cap_ends_as_timeout(tmp_path):
         assert "time cap of 0.2 s" in cases[0]["message"]
         assert c.get(f"/v1/jobs/{uncapped['id']}").json()["state"] == "queued"
     with _client(tmp_path, max_job_s=0.1) as c:  # the server's cap bounds every job
-        asyncio.run(c.app.state.services.dispatcher._expire_overdue())
+        asyncio.run(c.app.state.services.dispatcher.sweeper.expire_overdue())
         assert c.get(f"/v1/jobs/{uncapped['id']}").json()["state"] == "finished"
 
 

@@ -57,7 +57,7 @@ def store(db_url):
 def _create(store: Store, key: str | None = None, spec: dict | None = None):
     job_spec = parse_spec(spec or SPEC)
     groups = expand(job_spec)
-    return store.create_job(
+    return store.jobs.create_job(
         job_spec,
         groups,
         {g.group_id: "float32" for g in groups},
@@ -100,23 +100,25 @@ def test_idempotency_same_and_conflicting(store):
 
 def test_claim_record_finish(store):
     job, _ = _create(store)
-    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
+    claim = store.queue.claim_group(worker="w1", owner="o", lease_s=60)
     assert claim is not None and claim.attempt == 1 and claim.group.impls == ["torch", "te_style"]
-    assert store.get_job(job.id).state == "running"
-    assert store.record_result(job.id, _result(claim, "torch")) == 1
-    assert store.record_result(job.id, _result(claim, "torch", "failed")) is None  # once only
-    store.finish_group(job.id, claim.group.group_id)  # te_style never reported
-    j = store.get_job(job.id)
+    assert store.jobs.get_job(job.id).state == "running"
+    assert store.results.record_result(job.id, _result(claim, "torch")) == 1
+    assert (
+        store.results.record_result(job.id, _result(claim, "torch", "failed")) is None
+    )  # once only
+    store.queue.finish_group(job.id, claim.group.group_id)  # te_style never reported
+    j = store.jobs.get_job(job.id)
     assert j.done == 2 and j.counts["passed"] == 1 and j.counts["error"] == 1
-    claim2 = store.claim_group(worker="w1", owner="o", lease_s=60)
+    claim2 = store.queue.claim_group(worker="w1", owner="o", lease_s=60)
     for impl in claim2.group.impls:
-        store.record_result(job.id, _result(claim2, impl))
-    store.finish_group(job.id, claim2.group.group_id)
-    j = store.get_job(job.id)
+        store.results.record_result(job.id, _result(claim2, impl))
+    store.queue.finish_group(job.id, claim2.group.group_id)
+    j = store.jobs.get_job(job.id)
     assert j.state == "finished" and j.done == 4 and j.ok is False
-    assert [seq for seq, _ in store.results_since(job.id, 0)] == [1, 2, 3, 4]
-    assert [seq for seq, _ in store.results_since(job.id, 2)] == [3, 4]
-    report = store.report(job.id)
+    assert [seq for seq, _ in store.results.results_since(job.id, 0)] == [1, 2, 3, 4]
+    assert [seq for seq, _ in store.results.results_since(job.id, 2)] == [3, 4]
+    report = store.results.report(job.id)
     assert report.summary.total == 4 and [c.impl for c in report.cases][:2] == ["torch", "te_style"]
 
 
@@ -124,100 +126,105 @@ def test_requeue_sends_only_unfinished_impls_and_gives_up(store):
     job, _ = _create(
         store, spec={**SPEC, "suites": [{**SPEC["suites"][0], "params": {"T": 8, "Hh": 2, "D": 4}}]}
     )
-    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
-    store.record_result(job.id, _result(claim, "torch"))
-    assert store.requeue_group(job.id, claim.group.group_id, reason="gone", max_attempts=2)
-    again = store.claim_group(worker="w2", owner="o", lease_s=60)
+    claim = store.queue.claim_group(worker="w1", owner="o", lease_s=60)
+    store.results.record_result(job.id, _result(claim, "torch"))
+    assert store.queue.requeue_group(job.id, claim.group.group_id, reason="gone", max_attempts=2)
+    again = store.queue.claim_group(worker="w2", owner="o", lease_s=60)
     assert again.group.impls == ["te_style"] and again.attempt == 2
-    assert not store.requeue_group(job.id, again.group.group_id, reason="gone", max_attempts=2)
-    j = store.get_job(job.id)
+    assert not store.queue.requeue_group(
+        job.id, again.group.group_id, reason="gone", max_attempts=2
+    )
+    j = store.jobs.get_job(job.id)
     assert j.state == "finished" and j.counts == {**j.counts, "passed": 1, "error": 1}
-    lost = [c for c in store.case_results(job.id) if c.status == "error"]
+    lost = [c for c in store.results.case_results(job.id) if c.status == "error"]
     assert lost[0].message.startswith("worker lost: gone")
 
 
 def test_expired_lease_is_requeued_and_release(store):
     job, _ = _create(store)
-    claim = store.claim_group(worker="w1", owner="dead-api", lease_s=0.01)
+    claim = store.queue.claim_group(worker="w1", owner="dead-api", lease_s=0.01)
     time.sleep(0.05)
-    assert store.requeue_expired(max_attempts=3) == [(job.id, claim.group.group_id)]
-    c2 = store.claim_group(worker="w1", owner="new", lease_s=60)
-    store.release_group(job.id, c2.group.group_id, owner="new")
-    c3 = store.claim_group(worker="w1", owner="new", lease_s=60)
+    assert store.queue.requeue_expired(max_attempts=3) == [(job.id, claim.group.group_id)]
+    c2 = store.queue.claim_group(worker="w1", owner="new", lease_s=60)
+    store.queue.release_group(job.id, c2.group.group_id, owner="new")
+    c3 = store.queue.claim_group(worker="w1", owner="new", lease_s=60)
     assert c3.group.group_id == c2.group.group_id and c3.attempt == c2.attempt
 
 
 def test_cancel_skips_the_rest(store):
     job, _ = _create(store)
-    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
-    store.record_result(job.id, _result(claim, "torch"))
-    cancelled, running = store.cancel_job(job.id)
+    claim = store.queue.claim_group(worker="w1", owner="o", lease_s=60)
+    store.results.record_result(job.id, _result(claim, "torch"))
+    cancelled, running = store.queue.cancel_job(job.id)
     assert running == [(job.id, claim.group.group_id)]
     assert cancelled.state == "cancelled" and cancelled.done == 4
     assert cancelled.counts["skipped"] == 3
-    assert store.claim_group(worker="w1", owner="o", lease_s=60) is None
-    assert store.record_result(job.id, _result(claim, "te_style")) is None
+    assert store.queue.claim_group(worker="w1", owner="o", lease_s=60) is None
+    assert store.results.record_result(job.id, _result(claim, "te_style")) is None
 
 
 def test_jobs_counted_by_state_and_queue_depth(store):
-    assert store.count_by_state() == {} and store.queue_depth() == 0
+    assert store.jobs.count_by_state() == {} and store.queue.queue_depth() == 0
     a, _ = _create(store)
     b, _ = _create(store)
-    groups = store.queue_depth()
-    assert store.count_by_state() == {"queued": 2} and groups > 0
-    store.cancel_job(a.id)
-    assert store.count_by_state() == {"queued": 1, "cancelled": 1}
-    assert store.queue_depth() == groups // 2 and b.state == "queued"
+    groups = store.queue.queue_depth()
+    assert store.jobs.count_by_state() == {"queued": 2} and groups > 0
+    store.queue.cancel_job(a.id)
+    assert store.jobs.count_by_state() == {"queued": 1, "cancelled": 1}
+    assert store.queue.queue_depth() == groups // 2 and b.state == "queued"
 
 
 def test_list_filters_and_pages(store):
     ids = [_create(store)[0].id for _ in range(3)]
     _create(store, spec={**SPEC, "name": "other", "labels": {"repo": "x"}})
-    assert [j.id for j in store.list_jobs(name="store-test")] == ids[::-1]
-    assert len(store.list_jobs(labels={"repo": "kassay", "branch": "main"})) == 3
-    assert store.list_jobs(labels={"repo": "nope"}) == []
-    page = store.list_jobs(limit=2)
-    rest = store.list_jobs(limit=10, before=page[-1].seq)
+    assert [j.id for j in store.jobs.list_jobs(name="store-test")] == ids[::-1]
+    assert len(store.jobs.list_jobs(labels={"repo": "kassay", "branch": "main"})) == 3
+    assert store.jobs.list_jobs(labels={"repo": "nope"}) == []
+    page = store.jobs.list_jobs(limit=2)
+    rest = store.jobs.list_jobs(limit=10, before=page[-1].seq)
     assert len(page) == 2 and len(rest) == 2
-    assert store.list_jobs(state="finished") == []
+    assert store.jobs.list_jobs(state="finished") == []
 
 
 def test_claim_groups_batches_one_jobs_groups(store):
     a, _ = _create(store)  # two groups (K = 2, 3)
     b, _ = _create(store, spec={**SPEC, "name": "other"})
-    first = store.claim_groups(4, worker="w1", owner="o", lease_s=60)
+    first = store.queue.claim_groups(4, worker="w1", owner="o", lease_s=60)
     assert [c.job_id for c in first] == [a.id, a.id]  # never mixes jobs in one batch
     assert len({c.group.group_id for c in first}) == 2
-    second = store.claim_groups(4, worker="w1", owner="o", lease_s=60)
+    second = store.queue.claim_groups(4, worker="w1", owner="o", lease_s=60)
     assert [c.job_id for c in second] == [b.id, b.id]
-    assert store.claim_groups(4, worker="w1", owner="o", lease_s=60) == []
+    assert store.queue.claim_groups(4, worker="w1", owner="o", lease_s=60) == []
 
 
 def test_claim_groups_leaves_a_fair_share_to_other_workers(store):
     spec = {**SPEC, "suites": [{**SPEC["suites"][0], "seeds": list(range(4))}]}  # 8 groups
     job, _ = _create(store, spec=spec)
-    a = store.claim_groups(8, worker="w1", owner="o", lease_s=60, share=2)
+    a = store.queue.claim_groups(8, worker="w1", owner="o", lease_s=60, share=2)
     assert len(a) == 4  # half of 8 pending
-    b = store.claim_groups(8, worker="w1", owner="o", lease_s=60, share=2)
+    b = store.queue.claim_groups(8, worker="w1", owner="o", lease_s=60, share=2)
     assert len(b) == 2  # half of the 4 left
-    c = store.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2)
+    c = store.queue.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2)
     assert len(c) == 1  # half of 2
-    d = store.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2)
+    d = store.queue.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2)
     assert len(d) == 1  # the last one (never 0 while something is pending)
     assert {x.group.group_id for x in a + b + c + d} == {
         g.group_id for g in expand(parse_spec(spec))
     }
-    assert store.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2) == []
+    assert store.queue.claim_groups(8, worker="w2", owner="o", lease_s=60, share=2) == []
     assert all(x.job_id == job.id for x in a + b + c + d)
 
 
 def test_a_result_is_recorded_once_with_consecutive_sequence_numbers(store):
     _create(store)
-    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
-    seqs = [store.record_result(claim.job_id, _result(claim, impl)) for impl in claim.group.impls]
+    claim = store.queue.claim_group(worker="w1", owner="o", lease_s=60)
+    seqs = [
+        store.results.record_result(claim.job_id, _result(claim, impl))
+        for impl in claim.group.impls
+    ]
     assert seqs == [1, 2]
-    assert store.record_result(claim.job_id, _result(claim, "torch", "failed")) is None
-    job = store.require_job(claim.job_id)
+    assert store.results.record_result(claim.job_id, _result(claim, "torch", "failed")) is None
+    job = store.jobs.require_job(claim.job_id)
     assert job.done == 2 and job.counts["passed"] == 2 and job.counts["failed"] == 0
 
 
@@ -243,12 +250,12 @@ def test_a_cancelled_job_stays_cancelled_while_groups_finish(store):
 
     def worker() -> None:
         while not stop.is_set():
-            claim = store.claim_group(worker="w", owner="o", lease_s=60)
+            claim = store.queue.claim_group(worker="w", owner="o", lease_s=60)
             if claim is None:
                 return
             for impl in claim.group.impls:
-                store.record_result(job.id, _result(claim, impl))
-            store.finish_group(job.id, claim.group.group_id)
+                store.results.record_result(job.id, _result(claim, impl))
+            store.queue.finish_group(job.id, claim.group.group_id)
 
     # The statements the cancelling thread sends (the worker thread's are not counted): a
     # handful whatever the number of cases and groups, not one or more per group (5,000 here).
@@ -267,17 +274,17 @@ def test_a_cancelled_job_stays_cancelled_while_groups_finish(store):
     time.sleep(0.3)  # some groups finish first
     event.listen(store.engine, "before_cursor_execute", count)
     t0 = time.monotonic()
-    store.cancel_job(job.id)
+    store.queue.cancel_job(job.id)
     took = time.monotonic() - t0
     event.remove(store.engine, "before_cursor_execute", count)
     stop.set()
     t.join(timeout=30)
-    final = store.require_job(job.id)
+    final = store.jobs.require_job(job.id)
     assert final.state == "cancelled" and final.ok is False
     assert final.done == final.total == 10_000
     assert final.counts["passed"] + final.counts["skipped"] == 10_000
     assert final.counts["skipped"] > 0
-    assert len(store.case_results(job.id)) == 10_000
+    assert len(store.results.case_results(job.id)) == 10_000
     assert len(statements) <= 20, (len(statements), f"{took:.1f} s")
 
 
@@ -288,17 +295,17 @@ def test_the_status_read_answers_what_the_full_read_does_in_every_state(store):
     that does not exist."""
     done, _ = _create(store, spec={**SPEC, "labels": {"repo": "kassay", "pr": "7"}})
     for status in ("passed", "failed"):
-        claim = store.claim_group(worker="w1", owner="o", lease_s=60)
+        claim = store.queue.claim_group(worker="w1", owner="o", lease_s=60)
         for impl in claim.group.impls:
-            store.record_result(done.id, _result(claim, impl, status))
-        store.finish_group(done.id, claim.group.group_id)
+            store.results.record_result(done.id, _result(claim, impl, status))
+        store.queue.finish_group(done.id, claim.group.group_id)
     running, _ = _create(store)
-    claim = store.claim_group(worker="w1", owner="o", lease_s=60)
-    store.record_result(running.id, _result(claim, "torch"))
+    claim = store.queue.claim_group(worker="w1", owner="o", lease_s=60)
+    store.results.record_result(running.id, _result(claim, "torch"))
     cancelled, _ = _create(store, spec={**SPEC, "labels": {}})
-    store.cancel_job(cancelled.id)
+    store.queue.cancel_job(cancelled.id)
     _create(store)  # stays queued
-    listed = {j.id: j for j in store.list_jobs()}  # SQLAlchemy, the summary columns
+    listed = {j.id: j for j in store.jobs.list_jobs()}  # SQLAlchemy, the summary columns
     assert {j.state for j in listed.values()} == set(JOB_STATES)
     from sqlalchemy import event
 
@@ -309,17 +316,17 @@ def test_the_status_read_answers_what_the_full_read_does_in_every_state(store):
 
     for job_id, want in listed.items():
         event.listen(store.engine, "before_cursor_execute", count)
-        got = store.get_job(job_id)
+        got = store.jobs.get_job(job_id)
         event.remove(store.engine, "before_cursor_execute", count)
         assert got == want
         assert through_engine == []  # the fast read, not SQLAlchemy's
-        full = store.get_job(job_id, full=True)
+        full = store.jobs.get_job(job_id, full=True)
         assert dataclasses.replace(full, spec={}, environments=[]) == got
-    got = store.get_job(done.id)
+    got = store.jobs.get_job(done.id)
     assert got.labels == {"repo": "kassay", "pr": "7"} and got.finished_at >= got.started_at
     assert got.counts["passed"] == got.counts["failed"] == 2 and got.ok is False
-    assert store.get_job(cancelled.id).cancel_requested is True
-    assert store.get_job("job_0000000000000000") is None
+    assert store.jobs.get_job(cancelled.id).cancel_requested is True
+    assert store.jobs.get_job("job_0000000000000000") is None
 
 
 def _other_backends(admin, database: str) -> list[int]:
@@ -342,7 +349,7 @@ def test_postgres_reads_survive_dropped_connections_and_close_releases_them(pg_u
     url = make_url(pg_url)
     store = Store(pg_url)
     job, _ = _create(store)
-    assert store.get_job(job.id) == job
+    assert store.jobs.get_job(job.id) == job
     with psycopg.connect(
         url.set(drivername="postgresql").render_as_string(hide_password=False), autocommit=True
     ) as admin:
@@ -350,9 +357,9 @@ def test_postgres_reads_survive_dropped_connections_and_close_releases_them(pg_u
         assert pids
         for pid in pids:  # waits (up to 5 s) until the backend is gone
             admin.execute("SELECT pg_terminate_backend(%s, 5000)", (pid,))
-        assert store.get_job(job.id) == job
-        assert store.get_job(job.id) == job
-        assert store.list_jobs() == [job]
+        assert store.jobs.get_job(job.id) == job
+        assert store.jobs.get_job(job.id) == job
+        assert store.jobs.list_jobs() == [job]
         store.close()
         deadline = time.monotonic() + 10
         while _other_backends(admin, url.database) and time.monotonic() < deadline:
@@ -402,7 +409,7 @@ def test_replicas_claiming_at_once_never_share_a_group(db_url):
     def claim_all(i: int) -> None:
         start.wait()
         while (
-            c := replicas[i].claim_group(worker=f"w{i}", owner=f"api{i}", lease_s=60)
+            c := replicas[i].queue.claim_group(worker=f"w{i}", owner=f"api{i}", lease_s=60)
         ) is not None:
             claimed[i].append(c.group.group_id)
 
@@ -428,17 +435,17 @@ def test_replicas_finishing_a_jobs_last_groups_at_once_finish_the_job(db_url):
     a, b = Store(db_url), Store(db_url)
     jobs = [_create(a)[0] for _ in range(20)]
     for job in jobs:
-        c1 = a.claim_group(worker="w1", owner="api-a", lease_s=60)
-        c2 = b.claim_group(worker="w2", owner="api-b", lease_s=60)
+        c1 = a.queue.claim_group(worker="w1", owner="api-a", lease_s=60)
+        c2 = b.queue.claim_group(worker="w2", owner="api-b", lease_s=60)
         assert c1 and c2 and c1.job_id == c2.job_id == job.id
         for store, claim in ((a, c1), (b, c2)):
             for impl in claim.group.impls:
-                store.record_result(job.id, _result(claim, impl))
+                store.results.record_result(job.id, _result(claim, impl))
         start = threading.Barrier(2)
 
         def finish(store: Store, claim, start: threading.Barrier = start) -> None:
             start.wait()
-            store.finish_group(claim.job_id, claim.group.group_id)
+            store.queue.finish_group(claim.job_id, claim.group.group_id)
 
         threads = [
             threading.Thread(target=finish, args=(a, c1)),
@@ -448,7 +455,7 @@ def test_replicas_finishing_a_jobs_last_groups_at_once_finish_the_job(db_url):
             t.start()
         for t in threads:
             t.join(timeout=30)
-    states = [a.require_job(j.id).state for j in jobs]
+    states = [a.jobs.require_job(j.id).state for j in jobs]
     a.close()
     b.close()
     assert states == ["finished"] * len(jobs)

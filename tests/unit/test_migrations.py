@@ -99,7 +99,7 @@ def test_a_database_from_before_migrations_is_refused_then_adopted(empty_url) ->
     assert upgrade(empty_url) == (None, head_revision())
     store = Store(empty_url)
     try:
-        old = store.require_job("job_old")  # its rows survive
+        old = store.jobs.require_job("job_old")  # its rows survive
         assert old.name == "old" and old.state == "finished"
     finally:
         store.close()

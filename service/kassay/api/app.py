@@ -61,7 +61,7 @@ def create_app(
 ) -> FastAPI:
     """Build the API. `dispatch=False` leaves the dispatcher idle (tests of the routes alone);
     `resolver` looks up the `dns:///` worker names (default: the system's, getaddrinfo)."""
-    from kassay.api.dispatcher import Dispatcher
+    from kassay.api.dispatch import Dispatcher
     from kassay.api.routes import artifacts, dashboard, history, jobs, system, web
 
     settings = settings or get_settings()

@@ -45,9 +45,9 @@ def _target_of_spec(job: JobRecord) -> tuple[Target, float | None] | None:
 def resolve(store: Store, job: JobRecord, report: Report, target: Target) -> JobRecord:
     """The job `target` means for `job`; NotFoundError when none matches."""
     if target.job:
-        return store.require_job(target.job)
+        return store.jobs.require_job(target.job)
     kinds = job_device_kinds(report)
-    found = store.latest_matching(job, labels=target.labels or {}, kinds=kinds)
+    found = store.history.latest_matching(job, labels=target.labels or {}, kinds=kinds)
     if found is None:
         where = f" on {', '.join(kinds)}" if kinds else ""
         before = " that finished before it" if job.finished_at is not None else ""
@@ -75,7 +75,7 @@ def compare(
             "compare with one job: pass `to` or `to_labels`, not both",
             details={"errors": [{"loc": ["query", "to"], "msg": "to and to_labels both set"}]},
         )
-    job = store.require_job(job_id, full=True)
+    job = store.jobs.require_job(job_id, full=True)
     if not to and not to_labels:
         spec_target = _target_of_spec(job)
         if spec_target is None:
@@ -92,10 +92,10 @@ def compare(
         target, _ = spec_target
     else:
         target = Target(job=to, labels=to_labels)
-    report = store.report(job_id)
+    report = store.results.report(job_id)
     other = resolve(store, job, report, target)
     return compare_reports(
-        report, store.report(other.id), spec=job.spec, threshold=_threshold(job, threshold)
+        report, store.results.report(other.id), spec=job.spec, threshold=_threshold(job, threshold)
     )
 
 
@@ -115,34 +115,34 @@ def verdict(
     spec_target = _target_of_spec(job)
     if spec_target is None:
         return None, "the job's spec has no compare_to"
-    recorded, comparison, note = store.recorded_comparison(job.id)
+    recorded, comparison, note = store.history.recorded_comparison(job.id)
     if recorded:
         return comparison, note
     if job.state in ACTIVE_STATES:
         return None, f"job {job.id} is not over yet: it is compared once it is"
     target, threshold = spec_target
-    report = report or store.report(job.id)
+    report = report or store.results.report(job.id)
     try:
         other = resolve(store, job, report, target)
         if other.state in ACTIVE_STATES:
             return None, f"job {other.id} (compare_to) is not over yet"
         comparison = compare_reports(
-            report, store.report(other.id), spec=job.spec, threshold=threshold
+            report, store.results.report(other.id), spec=job.spec, threshold=threshold
         )
         note = ""
     except (NotFoundError, IncomparableError) as exc:
         comparison, note = None, exc.message
     try:
-        store.save_comparison(job.id, comparison, note=note)
+        store.history.save_comparison(job.id, comparison, note=note)
     except IntegrityError:  # another replica recorded it first: read theirs
-        _, comparison, note = store.recorded_comparison(job.id)
+        _, comparison, note = store.history.recorded_comparison(job.id)
     return comparison, note
 
 
 def report_with_verdict(store: Store, job_id: str) -> Report:
     """The job's report, with the comparison its spec's compare_to asks for when there is one."""
-    report = store.report(job_id)
-    job = store.require_job(job_id, full=True)
+    report = store.results.report(job_id)
+    job = store.jobs.require_job(job_id, full=True)
     if _target_of_spec(job) is not None:
         report.comparison, _ = verdict(store, job, report)
         wanted = (job.spec.get("compare_to") or {}).get("labels")
@@ -167,7 +167,7 @@ def series_breaks(
 
     jobs = [
         j
-        for j in store.list_jobs(state="finished", labels=labels, limit=depth + 1)
+        for j in store.jobs.list_jobs(state="finished", labels=labels, limit=depth + 1)
         if j.id != skip_job
     ][:depth]
     if not jobs:
@@ -176,7 +176,7 @@ def series_breaks(
     for j in jobs:
         _has, comp, _note = store.history.recorded_comparison(j.id)
         regressed.append({c.key for c in comp.cases if c.regression} if comp else set())
-    return jobs, broken_since([store.report(j.id) for j in jobs], regressed)
+    return jobs, broken_since([store.results.report(j.id) for j in jobs], regressed)
 
 
 def _mark_broken_since(store: Store, report: Report, labels: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ from kassay.api.store import Store
 from kassay.settings import Settings
 
 if TYPE_CHECKING:
-    from kassay.api.dispatcher import Dispatcher
+    from kassay.api.dispatch import Dispatcher
 
 
 @dataclass

@@ -48,7 +48,7 @@ class JobFastPath:
         if body is not None:
             self._over.move_to_end(job_id)
             return body
-        job = store.require_job(job_id)
+        job = store.jobs.require_job(job_id)
         body = Job.of(job).model_dump_json().encode()
         if job.state not in ACTIVE_STATES:
             self._over[job_id] = body

@@ -140,7 +140,7 @@ def admit(
     spec = parse_body(body, content_type)
     spec_hash = body_hash(spec.model_dump_json())
     if idempotency_key:  # a replay returns the stored job without re-validating it
-        existing = store.find_by_key(idempotency_key, spec_hash)
+        existing = store.jobs.find_by_key(idempotency_key, spec_hash)
         if existing is not None:
             return Admitted(existing, False)
     if spec.artifacts:
@@ -160,7 +160,7 @@ def admit(
                 "group": worst.params,
             },
         )
-    job, created = store.create_job(
+    job, created = store.jobs.create_job(
         spec, group_specs, dtypes, idempotency_key=idempotency_key, spec_hash=spec_hash
     )
     if created and spec.artifacts:

@@ -8,7 +8,7 @@ Found two ways, on first use:
   instance, or a module or callable that gives one (`OP`), e.g. in a plugin's pyproject.toml:
 
       [project.entry-points."kassay.ops"]
-      rmsnorm = "kassay_rmsnorm:OP"
+      my_op = "my_kernels.my_op:OP"
 
 A plugin may not take a built-in op's name; one that fails to load is logged and left out (a
 broken plugin must not take the service down). The API and the workers must both have it

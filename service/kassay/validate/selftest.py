@@ -62,7 +62,10 @@ def _gather(attr: str) -> list[Any]:
         mod = op.probes_module()
         if mod is not None:
             value = getattr(mod, attr, ())
-            out += [(op.name, value)] if isinstance(value, dict) else list(value)
+            if isinstance(value, dict):
+                out += [(op.name, value)] if value else []
+            else:
+                out += list(value)
     return out
 
 

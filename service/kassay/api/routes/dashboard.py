@@ -130,7 +130,7 @@ def jobs_page(
         problem = f"<p class='error-box'>{e(exc.message)}</p>"
     else:
         problem = ""
-    rows = svc.store.list_jobs(
+    rows = svc.store.jobs.list_jobs(
         state=state,
         labels=labels,
         name=name or None,
@@ -153,7 +153,7 @@ def jobs_page(
     options = "".join(
         f"<option value='{s}'{' selected' if s == state else ''}>{s}</option>" for s in STATES
     )
-    workers = svc.dispatcher.workers_info()
+    workers = svc.dispatcher.workers.info()
     wrows = "".join(
         f"<tr><td>{e(w.address)}</td><td class='{'ok' if w.state == 'up' else 'bad'}'>"
         f"{e(w.state)}</td><td>{e(w.device_name or w.device or '')}</td>"
@@ -188,7 +188,7 @@ def job_page(
     if (redirect := login_redirect(request)) is not None:
         return redirect
     try:
-        job = svc.store.require_job(job_id, full=True)
+        job = svc.store.jobs.require_job(job_id, full=True)
         report = report_with_verdict(svc.store, job_id)
     except KassayError as exc:
         return page(request, "Not found", f"<h1>{e(exc.message)}</h1>", status_code=404)
@@ -237,7 +237,7 @@ def job_cases_fragment(
     if login_redirect(request) is not None:
         return HTMLResponse("sign in first", status_code=401)
     try:
-        report = svc.store.report(job_id)
+        report = svc.store.results.report(job_id)
     except KassayError as exc:
         return HTMLResponse(e(exc.message), status_code=exc.http_status)
     return HTMLResponse(_cases_fragment(suite_sections(report), failures_list(report)))
@@ -274,15 +274,15 @@ def history_page(
         wanted, problem = {}, f"<p class='error-box'>{e(exc.message)}</p>"
     ref = None
     if job:
-        ref = svc.store.get_job(job)
+        ref = svc.store.jobs.get_job(job)
         if ref is None:
             problem += f"<p class='error-box'>no job {e(job)}</p>"
     else:
-        found = svc.store.list_jobs(state="finished", labels=wanted, limit=1)
+        found = svc.store.jobs.list_jobs(state="finished", labels=wanted, limit=1)
         ref = found[0] if found else None
     choices: list[tuple[str, str]] = []
     if ref is not None:
-        report = svc.store.report(ref.id)
+        report = svc.store.results.report(ref.id)
         for k, c in keyed_choices(report, job_device_kinds(report)):
             if (op and c.op != op) or (impl and c.impl != impl):
                 continue
@@ -292,7 +292,7 @@ def history_page(
             choices.append((k, text))
     if not key and choices:
         key = choices[0][0]
-    points = series_points(svc.store.series(key, labels=wanted, limit=limit)) if key else []
+    points = series_points(svc.store.history.series(key, labels=wanted, limit=limit)) if key else []
     regressions = [p for p in points if p["regression"]]
     reg_list = "".join(
         f"<li><a href='/jobs/{e(p['job_id'])}'>{e(p['x'])}</a>: {e('; '.join(p['reasons']))}</li>"

@@ -63,7 +63,7 @@ def series(
     oldest first, each with its job's labels (commit, branch, ...)."""
     wanted = label_filters(labels)
     points = []
-    for row in svc.store.series(key, labels=wanted, limit=limit):
+    for row in svc.store.history.series(key, labels=wanted, limit=limit):
         c: CaseResult = row["result"]
         value, low, high, n = _point_values(c, metric, output)
         created = _ts(row["created_at"])

@@ -89,7 +89,7 @@ async def create_job(
             body,
             request.headers.get("content-type"),
             store=svc.store,
-            workers=svc.dispatcher,
+            workers=svc.dispatcher.workers,
             settings=svc.settings,
             idempotency_key=idempotency_key,
             code_denial=code_denial(request),
@@ -118,7 +118,7 @@ def list_jobs(
     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,18}$")] = None,
 ) -> JobPage:
     """Jobs, newest first, filtered by state, labels and name; paginated by cursor."""
-    rows = svc.store.list_jobs(
+    rows = svc.store.jobs.list_jobs(
         state=state,
         labels=label_filters(label),
         name=name,
@@ -140,7 +140,7 @@ async def get_job(job_id: str, request: Request) -> Response:
     # serialized once.
     await require_read(request)
     svc: Services = request.app.state.services
-    job = svc.store.require_job(job_id)
+    job = svc.store.jobs.require_job(job_id)
     return Response(Job.of(job).model_dump_json(), media_type="application/json")
 
 
@@ -232,7 +232,7 @@ async def job_events(
     """Server-sent events: one `result` event per case result (id = its sequence number in the
     job, data = the CaseResult JSON), in the order they were stored, then one `final` event
     with the job (state, progress). Reconnect with Last-Event-ID to resume."""
-    await run_in_threadpool(svc.store.require_job, job_id)
+    await run_in_threadpool(svc.store.jobs.require_job, job_id)
     start = after
     if last_event_id:
         if not re.fullmatch(r"[0-9]{1,18}", last_event_id):
@@ -245,8 +245,8 @@ async def job_events(
     async def stream() -> AsyncIterator[dict[str, Any]]:
         seen = start
         while True:
-            job = await run_in_threadpool(svc.store.require_job, job_id)
-            rows = await run_in_threadpool(svc.store.results_since, job_id, seen)
+            job = await run_in_threadpool(svc.store.jobs.require_job, job_id)
+            rows = await run_in_threadpool(svc.store.results.results_since, job_id, seen)
             for seq, result in rows:
                 seen = seq
                 yield {"event": "result", "id": str(seq), "data": json.dumps(result)}
@@ -274,7 +274,7 @@ async def job_events(
 async def cancel_job(job_id: str, svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     """Cancel a job: queued groups never run, running ones are stopped, cases without a result
     become `skipped`. Cancelling a job that is over returns it unchanged."""
-    job, running = await run_in_threadpool(svc.store.cancel_job, job_id)
+    job, running = await run_in_threadpool(svc.store.queue.cancel_job, job_id)
     await svc.dispatcher.cancel_runs(running)
     svc.notifier.notify(job_id)
     return JSONResponse(Job.of(job).model_dump(mode="json"))

@@ -25,7 +25,7 @@ router = APIRouter()
 def list_workers(svc: Annotated[Services, Depends(services)]) -> list[WorkerInfo]:
     """The configured workers: up or down, device, memory, the impls they offer per op, and the
     groups they run now."""
-    return svc.dispatcher.workers_info()
+    return svc.dispatcher.workers.info()
 
 
 @router.get("/healthz", tags=["health"])
@@ -54,7 +54,7 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     queues until one is); their count is in the body, their state in /v1/workers."""
     body: dict[str, Any] = {
         "database": "ok",
-        "workers_up": svc.dispatcher.workers_up(),
+        "workers_up": svc.dispatcher.workers.up(),
         "workers": len(svc.dispatcher.links),
     }
     ready = True
@@ -75,9 +75,9 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
 )
 async def metrics(svc: Annotated[Services, Depends(services)]) -> Response:
     """Prometheus metrics (a read: with locked reads, scrape with a read token as bearer)."""
-    depth = await run_in_threadpool(svc.store.queue_depth)
-    counts = await run_in_threadpool(svc.store.count_by_state)
+    depth = await run_in_threadpool(svc.store.queue.queue_depth)
+    counts = await run_in_threadpool(svc.store.jobs.count_by_state)
     svc.metrics.set_database_gauges(counts, depth)
-    svc.metrics.workers_up.set(svc.dispatcher.workers_up())
+    svc.metrics.workers_up.set(svc.dispatcher.workers.up())
     svc.metrics.workers_known.set(len(svc.dispatcher.links))
     return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -33,7 +33,10 @@ from kassay.api.store.sessions import Sessions
 
 
 class Store:
-    """Jobs, groups and cases in one database."""
+    """Jobs, groups and cases in one database, in parts with one job each: `jobs` (records,
+    lookups), `queue` (groups: claims, leases, requeues, cancellation), `results` (cases,
+    reports), `history` (series, comparisons), `artifacts`, `sessions`. Callers name the part
+    they use (store.queue.claim_groups): each depends on the narrowest one."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -49,36 +52,6 @@ class Store:
         self.history = History(self.engine)
         self.artifacts = Artifacts(self.engine)
         self.sessions = Sessions(self.engine)
-        # The parts' methods, bound here so that callers keep one object to talk to.
-        self.create_job = self.jobs.create_job
-        self.find_by_key = self.jobs.find_by_key
-        self.get_job = self.jobs.get_job
-        self.require_job = self.jobs.require_job
-        self.list_jobs = self.jobs.list_jobs
-        self.active_job_ids = self.jobs.active_job_ids
-        self.count_by_state = self.jobs.count_by_state
-        self.overdue_jobs = self.jobs.overdue_jobs
-        self.queue_depth = self.queue.queue_depth
-        self.claim_groups = self.queue.claim_groups
-        self.claim_group = self.queue.claim_group
-        self.pending_groups = self.queue.pending_groups
-        self.renew_leases = self.queue.renew_leases
-        self.requeue_expired = self.queue.requeue_expired
-        self.requeue_group = self.queue.requeue_group
-        self.release_group = self.queue.release_group
-        self.finish_group = self.queue.finish_group
-        self.group_state = self.queue.group_state
-        self.cancel_job = self.queue.cancel_job
-        self.expire_job = self.queue.expire_job
-        self.record_result = self.results.record_result
-        self.add_environment = self.results.add_environment
-        self.results_since = self.results.results_since
-        self.case_results = self.results.case_results
-        self.report = self.results.report
-        self.latest_matching = self.history.latest_matching
-        self.save_comparison = self.history.save_comparison
-        self.recorded_comparison = self.history.recorded_comparison
-        self.series = self.history.series
 
     def close(self) -> None:
         self.jobs.close()

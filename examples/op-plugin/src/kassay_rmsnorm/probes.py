@@ -1,0 +1,28 @@
+"""rmsnorm's self-test probes (kassay.ops.probes): each mutant with a small grid that exposes
+it, beside the op's correct impls (`torch`, `triton`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kassay.ops.probes import Probe
+
+_CORRECT = ("torch", "triton")
+
+PROBES: tuple[Probe, ...] = (
+    Probe(
+        "rmsnorm",
+        "m_grad_weight_unnormalised",
+        {"N": 64, "H": 96, "dtype": "float32"},
+        correct=_CORRECT,
+    ),
+    Probe(
+        "rmsnorm",
+        "m_mean_square_in_dtype",
+        {"N": 16, "H": 64, "dtype": "float16"},
+        ("large",),
+        correct=_CORRECT,
+    ),
+)
+PLAIN_PROBES: tuple[Probe, ...] = ()
+FAIRNESS: dict[str, Any] = {}
