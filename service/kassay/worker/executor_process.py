@@ -1,6 +1,6 @@
 """The executor process as the supervisor holds it: start-up of `python -m kassay.worker.executor`
 on a device, the framed messages over its pipes (length-prefixed JSON, see
-kassay.worker.executor.Channel), its stderr (forwarded, and its last lines kept for crash
+kassay.worker.channel), its stderr (forwarded, and its last lines kept for crash
 reports), and its end (asked to exit, or killed with everything it started).
 
 An executor for a job's artifacts is started inside the sandbox (kassay.worker.sandbox); a
@@ -22,7 +22,8 @@ from collections import deque
 from typing import Any
 
 from kassay.validate.spec import GroupSpec
-from kassay.worker.executor import Channel, ProtocolError, wants_interpreter
+from kassay.worker.channel import Channel, ProtocolError
+from kassay.worker.executor import wants_interpreter
 from kassay.worker.sandbox import SandboxConfig
 
 STDERR_TAIL_LINES = 30

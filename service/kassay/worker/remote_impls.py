@@ -5,7 +5,7 @@ reference, runs the built-in impls and judges every output). It starts the impl 
 (kassay.worker.impl_runner) inside the sandbox (kassay.worker.sandbox), which loads the
 artifacts; each artifact impl the runner reports is registered here as a proxy (kind
 `artifact`, `Impl.remote`), so the engine asks the runner for that impl's outputs, timing and
-memory and judges what comes back. Only JSON (kassay.worker.executor.Channel) and raw tensors
+memory and judges what comes back. Only JSON (kassay.worker.channel) and raw tensors
 cross: nothing the runner sends is executed or unpickled
 here, and nothing it does can reach this process's engine, registry or torch.
 
@@ -27,7 +27,7 @@ import torch
 
 from kassay.impls.registry import Impl, RemoteRun, register
 from kassay.worker import cuda_ipc
-from kassay.worker.executor import Channel, ProtocolError
+from kassay.worker.channel import Channel, ProtocolError
 from kassay.worker.tensor_exchange import (
     TRANSPORT_ERRORS,
     CudaIpcExchange,

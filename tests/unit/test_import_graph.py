@@ -1,0 +1,96 @@
+"""The house has no import circles: kassay's modules form a DAG, counting every import, the
+lazy ones inside functions and those under TYPE_CHECKING too (a lazy import that only hides a
+circle is still one). Edges run one way: ops -> impls -> validate -> worker; the api reaches
+workers only through gRPC (kassay.wire)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SERVICE = Path(__file__).resolve().parents[2] / "service"
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in SERVICE.rglob("*.py"):
+        if "v1" in path.relative_to(SERVICE).parts:  # generated stubs
+            continue
+        name = ".".join(path.relative_to(SERVICE).with_suffix("").parts)
+        mods[name.removesuffix(".__init__")] = path
+    return mods
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+
+    def owner(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str | None] = []
+            if isinstance(node, ast.Import):
+                targets = [owner(a.name) for a in node.names if a.name.startswith("kassay")]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kassay"):
+                base = node.module or ""
+                targets = [owner(f"{base}.{a.name}") or owner(base) for a in node.names]
+            graph[mod] |= {t for t in targets if t and t != mod}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles() -> None:
+    assert _cycles(_graph()) == []
+
+
+def test_the_layers_point_one_way() -> None:
+    graph = _graph()
+    for mod, deps in graph.items():
+        if mod.startswith("kassay.ops"):
+            # an op's folder may register impls (kassay.impls.registry), nothing above that
+            assert not {d for d in deps if d.startswith(("kassay.validate", "kassay.worker"))}, mod
+            assert not {d for d in deps if d.startswith("kassay.api")}, mod
+        if mod.startswith("kassay.api"):
+            # the two policies both ends of the channel share (keepalive, loopback) are the
+            # only worker modules the API reads: neither imports torch nor runs anything
+            shared = {"kassay.worker.keepalive", "kassay.worker.access"}
+            above = {d for d in deps if d.startswith(("kassay.worker", "kassay.impls"))}
+            assert not above - shared, (mod, deps)
