@@ -24,8 +24,10 @@
 #   sandbox   #31's CUDA IPC transport (tests/gpu/test_cuda_ipc_gpu.py), the sandboxed Triton
 #             artifact (test_sandbox_gpu.py) and #30's op plugin on CUDA (test_op_plugin_gpu.py)
 #             (~150 s)
+#   convergence  #33's default convergence job, examples/convergence.yaml (expected: kassay,
+#             torch.compile, Liger passed; m_zeros and m_stale_lse failed; <= 600 s)
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests|sandbox}
+stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests|sandbox|convergence}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
@@ -78,6 +80,12 @@ flce)
 sandbox)
     step gpu-sandbox 500 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
         tests/gpu/test_cuda_ipc_gpu.py tests/gpu/test_sandbox_gpu.py tests/gpu/test_op_plugin_gpu.py
+    ;;
+convergence)
+    export KASSAY_ENABLE_MUTANTS=true
+    step convergence 580 python3 -m kassay.cli run \
+        examples/convergence.yaml --device cuda --json "$out/convergence-h200-$day.json" \
+        --markdown "$out/convergence-h200-$day.md"
     ;;
 gputests)
     step gpu-tests 570 python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider

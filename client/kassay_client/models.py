@@ -80,6 +80,8 @@ class CaseResult(_Model):
     #: "trusted" (the executor that judged it) or "sandbox" (code the job brought, run apart;
     #: its timing and memory were measured there)
     ran_in: str = "trusted"
+    #: a convergence case's curves, matched differences and verdict (None: a per-call case)
+    convergence: dict[str, Any] | None = None
     #: a short name within the report: op.impl and the params that vary within its suite
     name: str = ""
     #: where the compared series (e.g. branch=main) started to break this case key, if it does

@@ -159,6 +159,8 @@ def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
         skip=group.skip,
     )
     set_params(msg, group.op, group.params)
+    if group.convergence is not None:
+        msg.convergence = group.convergence.model_dump_json()
     fill(msg.tolerance, group.tolerance.model_dump(), ("tolerance",))
     fill(msg.timing, group.timing.model_dump(), ("timing",))
     return msg
@@ -200,9 +202,23 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
             "timing": timing,
             "coverage": msg.coverage,
             "artifacts": list(msg.artifacts),
+            "convergence": _json_object(msg.convergence, (*loc, "convergence")),
         },
         loc,
     )
+
+
+def _json_object(text: str, loc: Loc) -> dict[str, Any] | None:
+    """A JSON object field (empty: None)."""
+    if not text:
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise _invalid(loc, f"not JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise _invalid(loc, "must be a JSON object")
+    return obj
 
 
 def groups_from_proto(msgs: Sequence[pb.GroupSpec]) -> list[GroupSpec]:
@@ -235,7 +251,7 @@ def environment_from_proto(msg: pb.Environment) -> Environment:
 
 # ----------------------------------------------------------------------------------- results
 
-_RESULT_SPECIAL = ("params", "environment")
+_RESULT_SPECIAL = ("params", "environment", "convergence")
 
 
 def result_to_proto(result: CaseResult, msg: pb.CaseResult | None = None) -> pb.CaseResult:
@@ -246,6 +262,8 @@ def result_to_proto(result: CaseResult, msg: pb.CaseResult | None = None) -> pb.
     set_params(msg, result.op, result.params)
     if result.environment is not None:
         environment_to_proto(result.environment, msg.environment)
+    if result.convergence is not None:
+        msg.convergence = result.convergence.model_dump_json()
     return msg
 
 
@@ -258,6 +276,7 @@ def result_from_proto(msg: pb.CaseResult) -> CaseResult:
     data["environment"] = (
         environment_from_proto(msg.environment) if msg.HasField("environment") else None
     )
+    data["convergence"] = _json_object(msg.convergence, ("convergence",))
     return CaseResult.model_validate(data)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,8 @@ def _kassay(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedP
 
 def test_the_plugin_op_on_cuda(tmp_path: Path) -> None:
     target = tmp_path / "site"
+    src = tmp_path / "op-plugin"  # a copy: the build leaves build/ and *.egg-info behind
+    shutil.copytree(ROOT / "examples" / "op-plugin", src)
     subprocess.run(
         [
             sys.executable,
@@ -61,7 +64,7 @@ def test_the_plugin_op_on_cuda(tmp_path: Path) -> None:
             "--no-index",
             "--target",
             str(target),
-            str(ROOT / "examples" / "op-plugin"),
+            str(src),
         ],
         check=True,
     )

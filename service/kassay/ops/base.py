@@ -107,6 +107,10 @@ class Op(ABC):
     coverage_module: ClassVar[str | None] = None
     #: module with the self-test's PROBES, PLAIN_PROBES and FAIRNESS (kassay.ops.probes)
     probes: ClassVar[str | None] = None
+    #: module holding the op's place in the convergence model (kassay.validate.convergence):
+    #: SLOT ("head" | "merge"), wrap(impl, params, calls) and, optionally, CONTROL (the correct
+    #: alternative impl trained as the control arm); None: no convergence suite for this op
+    convergence_module: ClassVar[str | None] = None
     #: the unit its speed is shown in by default: "tflops" (compute-bound) or "gbps"
     #: (memory-bound); the plots offer the others too
     speed_unit: ClassVar[str] = "tflops"
@@ -124,6 +128,13 @@ class Op(ABC):
             return []
         gen = importlib.import_module(self.coverage_module).points
         return list(gen(points, regimes, tuple(self.regimes)))
+
+    def convergence_params(self, shape: dict[str, int], params: dict[str, Any]) -> dict[str, Any]:
+        """The params the convergence model (kassay.validate.convergence.model.Shape, as a
+        dict) calls this op with, from a suite's `params` (its options: the model sets the
+        shape fields). ValueError saying why for an op without a convergence slot or options
+        the model cannot train with. Torch-free: the API expands suites with it."""
+        raise ValueError(f"op {self.name!r} has no place in the convergence model")
 
     def probes_module(self) -> ModuleType | None:
         """The self-test's probes of this op (kassay.ops.probes), None where it has none."""

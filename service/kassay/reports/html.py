@@ -18,6 +18,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
+from kassay.reports import convergence
 from kassay.reports.cases import failed_limits
 from kassay.reports.comparison_html import comparison_html
 from kassay.reports.text import _finite, e, json_for_script, num
@@ -469,7 +470,7 @@ def standalone(report: Report, css: str, scripts: list[str]) -> str:
         f"<body class='report'><h1>{title}</h1><p class='muted'>{labels}</p>"
         f"<p class='summary'>{e(report.state)} · {counts_line(summary_counts(report), report.summary.total)}</p>"
         f"{regressions_list(report)}{failures_list(report)}"
-        f"<h2>Cases</h2>{suite_sections(report)}{comparison}"
+        f"<h2>Cases</h2>{suite_sections(report)}{convergence.html(report)}{comparison}"
         f"<h2>Environment</h2>{environment_table(report)}{inline}</body></html>"
     )
 

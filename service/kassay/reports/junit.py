@@ -58,7 +58,7 @@ def to_junit(report: Report) -> str:
                 name=c.name.removeprefix(f"{c.op}.{c.impl}").strip() or c.label(),
                 time=f"{t:.6f}",
             )
-            if c.flags or c.coverage or c.ran_in != "trusted":
+            if c.flags or c.coverage or c.ran_in != "trusted" or c.convergence is not None:
                 props = ET.SubElement(tc, "properties")
                 for flag in c.flags:
                     ET.SubElement(props, "property", name=flag, value="true")
@@ -66,8 +66,21 @@ def to_junit(report: Report) -> str:
                     ET.SubElement(props, "property", name="added_by_coverage", value=c.coverage)
                 if c.ran_in != "trusted":  # the job's own code: timing measured in its sandbox
                     ET.SubElement(props, "property", name="ran_in", value=c.ran_in)
+                v = c.convergence
+                if v is not None:  # the convergence verdict and its numbers
+                    for key, val in (
+                        ("convergence", v.verdict),
+                        ("mean_diff", v.mean_diff),
+                        ("ci_low", v.ci_low),
+                        ("ci_high", v.ci_high),
+                        ("margin", v.margin),
+                        ("detectable", v.detectable),
+                    ):
+                        ET.SubElement(props, "property", name=key, value=str(val))
             if c.status == "failed":
                 kind = c.flags[0] if c.flags else "tolerance"
+                if c.convergence is not None:
+                    kind = f"convergence-{c.convergence.verdict}"
                 f = ET.SubElement(tc, "failure", message=c.message[:500], type=kind)
                 f.text = "\n".join(worst_output_lines(c))
             elif c.status in ("error", "crashed", "timeout"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from kassay.reports import convergence
 from kassay.reports.cases import (
     _regressions,
     artifacts_note,
@@ -50,6 +51,7 @@ def to_markdown(report: Report) -> str:
             out.append(f"| {_md(c.display())} | {_md(status_text(c))} | {_md(detail)} |")
         if len(bad) > 50:
             out.append(f"| … {len(bad) - 50} more | | |")
+    out += convergence.markdown(report, _md)
     if report.comparison is not None:
         names = {c.case_id: c.name for c in report.cases if c.name}
         out += [

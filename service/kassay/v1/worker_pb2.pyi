@@ -244,6 +244,7 @@ class GroupSpec(_message.Message):
     COVERAGE_FIELD_NUMBER: _builtins.int
     ARTIFACTS_FIELD_NUMBER: _builtins.int
     SKIP_FIELD_NUMBER: _builtins.int
+    CONVERGENCE_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     suite_index: _builtins.int
     op: _builtins.str
@@ -263,6 +264,8 @@ class GroupSpec(_message.Message):
     """Non-empty: a grid point the op refuses as a combination (dtype x autocast), reported
     skipped with this reason by the API and never sent to a worker; a worker refuses it.
     """
+    convergence: _builtins.str
+    """Non-empty: a convergence group; kassay.validate.spec.ConvergencePolicy as a JSON object."""
     @_builtins.property
     def impls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -295,10 +298,11 @@ class GroupSpec(_message.Message):
         coverage: _builtins.str = ...,
         artifacts: _abc.Iterable[_builtins.str] | None = ...,
         skip: _builtins.str = ...,
+        convergence: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "coverage", b"coverage", "group_id", b"group_id", "impls", b"impls", "op", b"op", "params_json", b"params_json", "regime", b"regime", "seed", b"seed", "skip", b"skip", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "convergence", b"convergence", "coverage", b"coverage", "group_id", b"group_id", "impls", b"impls", "op", b"op", "params_json", b"params_json", "regime", b"regime", "seed", b"seed", "skip", b"skip", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -812,6 +816,7 @@ class CaseResult(_message.Message):
     RAN_IN_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
     BROKEN_SINCE_FIELD_NUMBER: _builtins.int
+    CONVERGENCE_FIELD_NUMBER: _builtins.int
     case_id: _builtins.str
     """"{group_id}:{impl}" """
     group_id: _builtins.str
@@ -839,6 +844,10 @@ class CaseResult(_message.Message):
     """A short name within its report (kassay.validate.names); empty on the wire."""
     broken_since: _builtins.str
     """Where the compared series started to break this case key (set when a report is made)."""
+    convergence: _builtins.str
+    """A convergence case's kassay.validate.results.ConvergenceResult as a JSON object (empty:
+    not a convergence case).
+    """
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[Global___OutputMetrics]: ...
     @_builtins.property
@@ -883,10 +892,11 @@ class CaseResult(_message.Message):
         ran_in: _builtins.str = ...,
         name: _builtins.str = ...,
         broken_since: _builtins.str = ...,
+        convergence: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "device", b"device", "environment", b"environment", "memory", b"memory", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "broken_since", b"broken_since", "case_id", b"case_id", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "group_id", b"group_id", "impl", b"impl", "memory", b"memory", "message", b"message", "name", b"name", "op", b"op", "outputs", b"outputs", "params_json", b"params_json", "ran_in", b"ran_in", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "broken_since", b"broken_since", "case_id", b"case_id", "convergence", b"convergence", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "group_id", b"group_id", "impl", b"impl", "memory", b"memory", "message", b"message", "name", b"name", "op", b"op", "outputs", b"outputs", "params_json", b"params_json", "ran_in", b"ran_in", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__device: _TypeAlias = _typing.Literal["device"]  # noqa: Y015
     _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015

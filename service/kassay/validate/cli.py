@@ -101,9 +101,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_selftest(args: argparse.Namespace) -> int:
+    from kassay.errors import KassayError
     from kassay.validate.selftest import print_selftest, run_selftest
 
-    result = run_selftest(device=args.device, only=args.only)
+    try:
+        result = run_selftest(device=args.device, only=args.only)
+    except KassayError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_ERRORS
     print_selftest(result)
     return 0 if result.ok else EXIT_FAILED
 

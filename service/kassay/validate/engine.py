@@ -657,6 +657,20 @@ def run_group(
     restarted executor reuses its predecessor's), False leaves roofline fractions out."""
     load(mutants=include_mutants, testing=include_testing)
     dev = resolve_device(device)
+    if group.convergence is not None:
+        from kassay.validate.convergence import run_convergence
+        from kassay.validate.env import environment
+
+        return run_convergence(
+            group,
+            dev,
+            include_mutants=include_mutants,
+            include_testing=include_testing,
+            on_start=on_start,
+            on_result=on_result,
+            worker=worker,
+            environment=environment(dev),
+        )
     runner = GroupRunner(
         group,
         dev,

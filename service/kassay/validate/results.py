@@ -154,6 +154,38 @@ class Environment(BaseModel):
     ceilings: dict[str, float] = Field(default_factory=dict)
 
 
+class ConvergenceResult(BaseModel):
+    """What a convergence case trained (kassay.validate.convergence): held-out loss curves per
+    seed, the matched differences against the baseline and their verdict. Non-finite losses
+    are null."""
+
+    model_config = ConfigDict(extra="forbid")
+    verdict: Literal["passed", "failed", "inconclusive"]
+    steps: int
+    seeds: list[int]
+    eval_steps: list[int]
+    #: per seed, the held-out loss at each eval step (reference head and merge)
+    curves: list[list[float | None]]
+    #: the baseline's (and the control arm's) curves, for the band
+    baseline_curves: list[list[float | None]]
+    control: str
+    control_curves: list[list[float | None]]
+    #: per seed: final held-out loss minus the baseline's (matched seeds)
+    diffs: list[float | None]
+    control_diffs: list[float | None]
+    mean_diff: float | None
+    ci_low: float | None  # the 90% interval (two one-sided tests at 5%)
+    ci_high: float | None
+    margin: float  # nats: max(margin_sigma x sigma_seed, margin_floor)
+    sigma_seed: float  # the baseline's held-out loss spread across seeds
+    #: the differences stand out from the control arm's (correct kernels' benign band)
+    detectable: bool
+    #: the impl's calls in one run (checked: an impl that is not called cannot pass)
+    calls: int
+    entropy_floor: float  # what a perfect model scores on the held-out data (nats)
+    uniform_loss: float  # what a model that learned nothing scores
+
+
 class CaseResult(BaseModel):
     model_config = ConfigDict(extra="forbid")
     case_id: str
@@ -189,6 +221,9 @@ class CaseResult(BaseModel):
         description="for a case not passing in a job compared with a labelled series (e.g. "
         "branch=main): the commit (or job) of that series where its case key started to break, "
         "when it is broken there too; empty: not broken there (new in this job) or unknown",
+    )
+    convergence: ConvergenceResult | None = Field(
+        None, description="a convergence case's curves, differences and verdict"
     )
     ran_in: Literal["trusted", "sandbox"] = Field(
         "trusted",

@@ -138,6 +138,8 @@ def available_impls(op: str, names: tuple[str, ...]) -> list[str]:
 
 def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> SelftestResult:
     load(mutants=True)
+    if only:
+        _check_only(only)
     dev = resolve_device(device)
     results = []
     for i, probe in enumerate(probes()):
@@ -164,6 +166,24 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
     results += _run_plain(dev, only)
     fairness = _run_fairness(dev) if not only or "fairness" in only else []
     return SelftestResult(results, fairness)
+
+
+def _check_only(only: list[str]) -> None:
+    """InvalidSpecError naming the `only` entries that match no probe: a typo must not run
+    nothing and pass."""
+    from kassay.errors import InvalidSpecError, did_you_mean
+
+    names = {"fairness"}
+    for p in (*probes(), *plain_probes()):
+        names |= {p.mutant, f"{p.op}.{p.mutant}"}
+    unknown = [o for o in only if o not in names]
+    if unknown:
+        known = sorted(n for n in names if "." in n)
+        raise InvalidSpecError(
+            f"no probe named {', '.join(unknown)}{did_you_mean(unknown[0], sorted(names))}; the "
+            f"probes: {', '.join(known)} (or a mutant's name alone, or fairness)",
+            details={"field": "only", "allowed": known},
+        )
 
 
 def _run_fairness(dev: Any) -> list[CaseResult]:

@@ -110,6 +110,44 @@ class TimingPolicy(BaseModel):
     )
 
 
+class ConvergencePolicy(BaseModel):
+    """A convergence suite (kassay.validate.convergence): train a small decoder (its shape
+    below) `steps` steps with each impl in the op's place, against the baseline with the same
+    initial weights and data (matched seeds), over `seeds` seeds, beside a correct alternative
+    (`control`: the op's default where unset); the held-out loss differences are judged by
+    equivalence within max(margin_sigma x the baseline's seed spread, margin_floor) nats."""
+
+    model_config = _STRICT
+    steps: int = Field(400, ge=1, le=100_000)
+    seeds: int = Field(4, ge=2, le=64)
+    eval_every: int = Field(50, ge=1, le=100_000)
+    lr: float = Field(3e-3, gt=0, le=1)
+    control: Name | None = None
+    margin_sigma: float = Field(0.25, gt=0, le=10)
+    margin_floor: float = Field(0.005, ge=0, le=10)
+    vocab: int = Field(16, ge=4, le=4096)
+    dim: int = Field(32, ge=4, le=4096)
+    heads: int = Field(2, ge=1, le=64)
+    layers: int = Field(2, ge=1, le=32)
+    seq: int = Field(32, ge=4, le=8192)
+    batch: int = Field(16, ge=1, le=4096)
+    chunks: int = Field(4, ge=2, le=64)
+    eval_batch: int = Field(256, ge=2, le=65536)
+
+    @model_validator(mode="after")
+    def _shape(self) -> ConvergencePolicy:
+        if self.dim % self.heads or (self.dim // self.heads) % 2:
+            raise ValueError("dim must split into heads of an even head size (RoPE)")
+        if self.seq % 2 or self.seq // self.chunks < 1:
+            raise ValueError("seq must be even and hold at least one position per chunk")
+        return self
+
+    def shape(self) -> dict[str, int]:
+        """The model's shape (kassay.validate.convergence.model.Shape's fields)."""
+        keys = ("vocab", "dim", "heads", "layers", "seq", "batch", "chunks")
+        return {k: getattr(self, k) for k in keys}
+
+
 class Suite(BaseModel):
     model_config = _STRICT
     op: Name
@@ -131,6 +169,9 @@ class Suite(BaseModel):
         "using more memory) when the change is significant and beyond this fraction (0.03: 3%); "
         "unset: the job's compare_to.threshold, else 0.03",
     )
+    #: set: a convergence suite (its params are the op's options; regimes, coverage, tolerance
+    #: and timing do not apply)
+    convergence: ConvergencePolicy | None = None
 
     @field_validator("impls")
     @classmethod
@@ -214,6 +255,8 @@ class GroupSpec(BaseModel):
     #: never runs, its cases are reported `skipped` with this reason and `params` is the point
     #: as the suite wrote it
     skip: str = ""
+    #: set: a convergence group (regime "convergence"): its impls are trained, not called once
+    convergence: ConvergencePolicy | None = None
 
     def case_ids(self) -> list[str]:
         return [case_id(self.group_id, impl) for impl in self.impls]
@@ -286,6 +329,9 @@ def count_cases(spec: JobSpec) -> int:
         n = 1
         for v in s.params.values():
             n *= len(v) if isinstance(v, list) else 1
+        if s.convergence is not None:  # seeds are the policy's, inside one group
+            total += n * len(s.impls)
+            continue
         try:
             n_regimes = len(suite_regimes(s))
         except InvalidSpecError:
@@ -349,6 +395,9 @@ def expand(
             except InvalidSpecError as exc:
                 exc.details["loc"] = ["suites", si, "impls"]
                 raise
+        if suite.convergence is not None:
+            groups += _convergence_groups(op, suite, si, artifacts=list(spec.artifacts))
+            continue
         regimes = suite_regimes(suite)
         for regime in regimes:
             try:
@@ -407,6 +456,45 @@ def expand(
 #: a grid may list up to this many times the case cap before expansion: the combinations an op
 #: refuses (skipped, not run) do not count against the cap, but expanding a grid costs time
 GRID_SLACK = 16
+
+
+#: the regime a convergence group carries (its case keys apart from the per-call cases')
+CONVERGENCE_REGIME = "convergence"
+
+
+def _convergence_groups(op: Any, suite: Suite, si: int, *, artifacts: list[str]) -> list[GroupSpec]:
+    """One group per point of a convergence suite's options: the op's params the model calls it
+    with (Op.convergence_params), its impls trained in one executor (matched seeds)."""
+    policy = suite.convergence
+    assert policy is not None
+    out = []
+    for point in _grid(suite.params):
+        try:
+            full = op.convergence_params(policy.shape(), point)
+            params = op.parse_params(full).model_dump()
+        except ValueError as exc:
+            if isinstance(exc, ValidationError):
+                raise spec_error(exc, ("suites", si, "params")) from None
+            raise InvalidSpecError(
+                f"suites.{si}.params: {exc}",
+                details={"loc": ["suites", si, "params"], "errors": [{"msg": str(exc)}]},
+            ) from None
+        out.append(
+            GroupSpec(
+                group_id=_group_id(op.name, params, CONVERGENCE_REGIME, suite.seeds[0], si),
+                suite_index=si,
+                op=op.name,
+                params=params,
+                regime=CONVERGENCE_REGIME,
+                seed=suite.seeds[0],
+                impls=list(suite.impls),
+                baseline=suite.baseline,
+                timing=TimingPolicy(enabled=False),
+                artifacts=list(artifacts),
+                convergence=policy,
+            )
+        )
+    return out
 
 
 def _combination_only(exc: ValidationError) -> bool:

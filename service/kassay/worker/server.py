@@ -47,7 +47,7 @@ from kassay.errors import (
 from kassay.v1 import worker_pb2 as pb
 from kassay.v1 import worker_pb2_grpc
 from kassay.validate.results import CaseResult
-from kassay.validate.spec import MAX_ARTIFACTS, GroupSpec
+from kassay.validate.spec import CONVERGENCE_REGIME, MAX_ARTIFACTS, GroupSpec
 from kassay.worker import keepalive
 from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
 from kassay.worker.artifacts import ArtifactCache
@@ -264,7 +264,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         f"{', '.join(missing)}; send them with PutArtifact first",
                         details={"errors": [{"loc": [*loc, "artifacts"], "msg": "missing"}]},
                     )
-            if g.regime not in op["regimes"]:
+            if g.convergence is not None:
+                if g.regime != CONVERGENCE_REGIME:
+                    raise InvalidSpecError(
+                        f"groups.{i}.regime: a convergence group's regime is "
+                        f"{CONVERGENCE_REGIME!r}",
+                        details={"errors": [{"loc": [*loc, "regime"], "msg": "not convergence"}]},
+                    )
+            elif g.regime not in op["regimes"]:
                 raise InvalidSpecError(
                     f"groups.{i}.regime: op {g.op!r} has no regime {g.regime!r}; known "
                     f"regimes: {', '.join(op['regimes'])}",

@@ -32,11 +32,12 @@ class RmsNormOp(Op):
     #: large: rows with |x| ~ 300, whose squares overflow float16 if summed there
     regimes = ("normal", "large")
     description = "RMSNorm forward and backward (a plugin op: examples/op-plugin)"
-    runtime_module = "kassay_rmsnorm.runtime"
-    impl_modules = ("kassay_rmsnorm.impls",)
-    corpus_modules = ("kassay_rmsnorm.mutants",)
-    coverage_module = "kassay_rmsnorm.coverage"
-    probes = "kassay_rmsnorm.probes"
+    # the op's modules, named after this package (renaming the package renames them)
+    runtime_module = f"{__name__}.runtime"
+    impl_modules = (f"{__name__}.impls",)
+    corpus_modules = (f"{__name__}.mutants",)
+    coverage_module = f"{__name__}.coverage"
+    probes = f"{__name__}.probes"
     speed_unit = "gbps"  # a few FLOPs per byte: memory-bound
 
     def outputs(self, params: RmsNormParams) -> list[OutputSpec]:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from kassay.impls.registry import Impl, register
-from kassay_rmsnorm import RmsNormParams
+from kassay_rmsnorm import OP, RmsNormParams
 
 Tensors = dict[str, torch.Tensor]
 
@@ -50,7 +50,7 @@ def _triton_supports(p: RmsNormParams, device: torch.device) -> str | None:
 
 register(
     Impl(
-        "rmsnorm",
+        OP.name,
         "torch",
         with_grads(rmsnorm_eager),
         "eager PyTorch, float32 statistics (Llama's RMSNorm): the baseline",
@@ -59,7 +59,7 @@ register(
 )
 register(
     Impl(
-        "rmsnorm",
+        OP.name,
         "triton",
         _triton,
         "Triton, one program per row, float32 statistics and grad_weight partials",

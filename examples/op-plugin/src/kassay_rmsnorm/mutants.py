@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from kassay.impls.registry import Impl, register
-from kassay_rmsnorm import RmsNormParams
+from kassay_rmsnorm import OP, RmsNormParams
 from kassay_rmsnorm.impls import Tensors, rmsnorm_eager, with_grads
 
 _right = with_grads(rmsnorm_eager)
@@ -26,7 +26,7 @@ def _mean_square_in_dtype(x: torch.Tensor, weight: torch.Tensor, eps: float) -> 
 
 register(
     Impl(
-        "rmsnorm",
+        OP.name,
         "m_grad_weight_unnormalised",
         _grad_weight_unnormalised,
         kind="mutant",
@@ -35,7 +35,7 @@ register(
 )
 register(
     Impl(
-        "rmsnorm",
+        OP.name,
         "m_mean_square_in_dtype",
         with_grads(_mean_square_in_dtype),
         kind="mutant",

@@ -6,18 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from kassay.ops.probes import Probe
+from kassay_rmsnorm import OP
 
 _CORRECT = ("torch", "triton")
 
 PROBES: tuple[Probe, ...] = (
     Probe(
-        "rmsnorm",
+        OP.name,
         "m_grad_weight_unnormalised",
         {"N": 64, "H": 96, "dtype": "float32"},
         correct=_CORRECT,
     ),
     Probe(
-        "rmsnorm",
+        OP.name,
         "m_mean_square_in_dtype",
         {"N": 16, "H": 64, "dtype": "float16"},
         ("large",),

@@ -27,7 +27,7 @@ This is the op's torch-free contract; its inputs and float64 reference live in
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -102,6 +102,24 @@ class FlceOp(Op):
     corpus_modules = ("kassay.ops.flce.mutants", "kassay.ops.flce.alternatives")
     coverage_module = "kassay.ops.flce.coverage"
     probes = "kassay.ops.flce.probes"
+    convergence_module = "kassay.ops.flce.convergence"
+
+    #: options the convergence model trains with (the rest change what the head returns, or
+    #: need inputs the model does not make)
+    CONVERGENCE_OPTIONS = frozenset(
+        {"dtype", "autocast", "label_smoothing", "z_loss_scale", "accum_dtype", "softcap"}
+    )
+
+    def convergence_params(self, shape: dict[str, int], params: dict[str, Any]) -> dict[str, Any]:
+        """The LM head: N = batch x (seq - 1) rows, H = dim, V = vocab, mean reduction."""
+        other = sorted(set(params) - self.CONVERGENCE_OPTIONS)
+        if other:
+            raise ValueError(
+                f"a convergence suite of flce sets only {', '.join(sorted(self.CONVERGENCE_OPTIONS))}"
+                f" (the model sets the shape); not {', '.join(other)}"
+            )
+        n = shape["batch"] * (shape["seq"] - 1)
+        return {"N": n, "H": shape["dim"], "V": shape["vocab"], "dtype": "float32", **params}
 
     def outputs(self, params: FlceParams) -> list[OutputSpec]:
         p = params

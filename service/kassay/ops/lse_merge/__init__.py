@@ -19,7 +19,7 @@ This is the op's torch-free contract; its inputs and float64 reference live in
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -65,7 +65,32 @@ class LseMergeOp(Op):
     corpus_modules = ("kassay.ops.lse_merge.mutants", "kassay.ops.lse_merge.alternatives")
     coverage_module = "kassay.ops.lse_merge.coverage"
     probes = "kassay.ops.lse_merge.probes"
+    convergence_module = "kassay.ops.lse_merge.convergence"
     speed_unit = "gbps"  # ~1 FLOP per byte: memory-bound
+
+    CONVERGENCE_OPTIONS = frozenset({"dtype", "mode", "accumulate"})
+
+    def convergence_params(self, shape: dict[str, int], params: dict[str, Any]) -> dict[str, Any]:
+        """Each layer's merge: T = batch x seq query rows, Hh = heads, D = dim / heads, K =
+        chunks, lse laid out [Hh, T]; `mode: step` merges the chunks as ring attention does
+        (state 0, then K - 1 in-place updates)."""
+        other = sorted(set(params) - self.CONVERGENCE_OPTIONS)
+        if other:
+            raise ValueError(
+                "a convergence suite of lse_merge sets only dtype, mode and accumulate (the "
+                f"model sets the shape); not {', '.join(other)}"
+            )
+        if params.get("mode") == "step_second_half":
+            raise ValueError("mode step_second_half has no place in the convergence model")
+        return {
+            "T": shape["batch"] * shape["seq"],
+            "Hh": shape["heads"],
+            "D": shape["dim"] // shape["heads"],
+            "K": shape["chunks"],
+            "dtype": "float32",
+            "lse_layout": "hT",
+            **params,
+        }
 
     def outputs(self, params: LseMergeParams) -> list[OutputSpec]:
         return [

@@ -195,6 +195,23 @@ _mutant(
     "16: out rounded toward zero (each element within one ULP, all biased)",
 )
 _mutant("m_unordered_merge", unordered_merge, None, "17: states summed in arrival order")
+
+
+def _stale_lse_step(
+    v: lse_harness.StepView, out_step: torch.Tensor, lse_step: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Out corrected, the running lse left at state 0's: every later step weighs the
+    accumulated out as if it held one state (the convergence pilot's stale lse)."""
+    res, _ = _torch_step(v, out_step, lse_step)
+    return res, v.lse.clone()
+
+
+_mutant(
+    "m_stale_lse",
+    None,
+    lse_harness.step_update(_stale_lse_step),
+    "22: the running lse never updated (out is)",
+)
 _mutant(
     "m_stale_acc",
     None,

@@ -28,6 +28,7 @@ PROBES: tuple[Probe, ...] = (
         },
     ),
     Probe("lse_merge", "m_zeros", {**_L, "mode": "merge"}),
+    Probe("lse_merge", "m_stale_lse", {**_L, "mode": "step"}),
     Probe(
         "lse_merge",
         "m_garbage_empty",
