@@ -202,7 +202,9 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
             "timing": timing,
             "coverage": msg.coverage,
             "artifacts": list(msg.artifacts),
-            "convergence": _json_object(msg.convergence, (*loc, "convergence")),
+            "convergence": _json_object(
+                msg.convergence if msg.HasField("convergence") else "", (*loc, "convergence")
+            ),
         },
         loc,
     )
@@ -276,7 +278,9 @@ def result_from_proto(msg: pb.CaseResult) -> CaseResult:
     data["environment"] = (
         environment_from_proto(msg.environment) if msg.HasField("environment") else None
     )
-    data["convergence"] = _json_object(msg.convergence, ("convergence",))
+    data["convergence"] = _json_object(
+        msg.convergence if msg.HasField("convergence") else "", ("convergence",)
+    )
     return CaseResult.model_validate(data)
 
 

@@ -31,8 +31,9 @@ from kassay_client.cli import exit_code
 @pytest.fixture(autouse=True)
 def _no_sleep(monkeypatch):
     monkeypatch.setattr(_base, "backoff", lambda attempt, response=None: 0.0)
-    import kassay_client.async_client as ac
-    import kassay_client.client as cc
+    # the clients' modules (kassay_client._async: the definition, _sync: generated from it)
+    import kassay_client._async.client as ac
+    import kassay_client._sync.client as cc
 
     monkeypatch.setattr(cc, "backoff", lambda attempt, response=None: 0.0)
     monkeypatch.setattr(ac, "backoff", lambda attempt, response=None: 0.0)

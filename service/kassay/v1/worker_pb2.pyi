@@ -298,13 +298,15 @@ class GroupSpec(_message.Message):
         coverage: _builtins.str = ...,
         artifacts: _abc.Iterable[_builtins.str] | None = ...,
         skip: _builtins.str = ...,
-        convergence: _builtins.str = ...,
+        convergence: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_convergence", b"_convergence", "convergence", b"convergence", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["artifacts", b"artifacts", "baseline", b"baseline", "convergence", b"convergence", "coverage", b"coverage", "group_id", b"group_id", "impls", b"impls", "op", b"op", "params_json", b"params_json", "regime", b"regime", "seed", b"seed", "skip", b"skip", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_convergence", b"_convergence", "artifacts", b"artifacts", "baseline", b"baseline", "convergence", b"convergence", "coverage", b"coverage", "group_id", b"group_id", "impls", b"impls", "op", b"op", "params_json", b"params_json", "regime", b"regime", "seed", b"seed", "skip", b"skip", "suite_index", b"suite_index", "timing", b"timing", "tolerance", b"tolerance"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__convergence: _TypeAlias = _typing.Literal["convergence"]  # noqa: Y015
+    _WhichOneofArgType__convergence: _TypeAlias = _typing.Literal["_convergence", b"_convergence"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__convergence) -> _WhichOneofReturnType__convergence | None: ...
 
 Global___GroupSpec: _TypeAlias = GroupSpec  # noqa: Y015
 
@@ -892,16 +894,20 @@ class CaseResult(_message.Message):
         ran_in: _builtins.str = ...,
         name: _builtins.str = ...,
         broken_since: _builtins.str = ...,
-        convergence: _builtins.str = ...,
+        convergence: _builtins.str | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "device", b"device", "environment", b"environment", "memory", b"memory", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_convergence", b"_convergence", "_device", b"_device", "_worker", b"_worker", "convergence", b"convergence", "device", b"device", "environment", b"environment", "memory", b"memory", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_device", b"_device", "_worker", b"_worker", "broken_since", b"broken_since", "case_id", b"case_id", "convergence", b"convergence", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "group_id", b"group_id", "impl", b"impl", "memory", b"memory", "message", b"message", "name", b"name", "op", b"op", "outputs", b"outputs", "params_json", b"params_json", "ran_in", b"ran_in", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_convergence", b"_convergence", "_device", b"_device", "_worker", b"_worker", "broken_since", b"broken_since", "case_id", b"case_id", "convergence", b"convergence", "coverage", b"coverage", "device", b"device", "dtype", b"dtype", "duration_s", b"duration_s", "environment", b"environment", "flags", b"flags", "group_id", b"group_id", "impl", b"impl", "memory", b"memory", "message", b"message", "name", b"name", "op", b"op", "outputs", b"outputs", "params_json", b"params_json", "ran_in", b"ran_in", "regime", b"regime", "seed", b"seed", "status", b"status", "suite_index", b"suite_index", "timing", b"timing", "worker", b"worker"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__convergence: _TypeAlias = _typing.Literal["convergence"]  # noqa: Y015
+    _WhichOneofArgType__convergence: _TypeAlias = _typing.Literal["_convergence", b"_convergence"]  # noqa: Y015
     _WhichOneofReturnType__device: _TypeAlias = _typing.Literal["device"]  # noqa: Y015
     _WhichOneofArgType__device: _TypeAlias = _typing.Literal["_device", b"_device"]  # noqa: Y015
     _WhichOneofReturnType__worker: _TypeAlias = _typing.Literal["worker"]  # noqa: Y015
     _WhichOneofArgType__worker: _TypeAlias = _typing.Literal["_worker", b"_worker"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__convergence) -> _WhichOneofReturnType__convergence | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__device) -> _WhichOneofReturnType__device | None: ...
     @_typing.overload
