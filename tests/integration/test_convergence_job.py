@@ -94,3 +94,29 @@ def test_a_convergence_suite_through_the_service(procs) -> None:
         assert page.status_code == 200 and "<svg class='convergence'" in page.text
     finally:
         serve.stop()
+
+
+def test_seeds_trained_side_by_side_give_what_one_process_gives() -> None:
+    """Seeds in processes of their own (`parallel`, the default on a GPU) train the very runs
+    one process trains: matched seeds hold across processes."""
+    from kassay.ops import get_op
+    from kassay.validate.engine import run_group
+    from kassay.validate.spec import ConvergencePolicy, GroupSpec
+
+    op = get_op("lse_merge")
+    out = []
+    for parallel in (1, 2):
+        pol = ConvergencePolicy(steps=6, seeds=2, eval_every=3, batch=4, parallel=parallel)
+        params = op.parse_params(op.convergence_params(pol.shape(), {"mode": "step"}))
+        group = GroupSpec(
+            group_id="g",
+            op="lse_merge",
+            params=params.model_dump(),
+            regime="convergence",
+            impls=["torch", "alt_float64"],
+            convergence=pol,
+        )
+        res = run_group(group, device="cpu", include_mutants=True, ceilings=False)
+        assert [r.status for r in res] == ["passed", "passed"], [r.message for r in res]
+        out.append([r.convergence.curves for r in res if r.convergence is not None])
+    assert out[0] == out[1]

@@ -133,6 +133,9 @@ class ConvergencePolicy(BaseModel):
     batch: int = Field(16, ge=1, le=4096)
     chunks: int = Field(4, ge=2, le=64)
     eval_batch: int = Field(256, ge=2, le=65536)
+    #: seeds trained side by side in processes of their own; 0: up to half the host's cores
+    #: on a GPU, one on a CPU
+    parallel: int = Field(0, ge=0, le=64)
 
     @model_validator(mode="after")
     def _shape(self) -> ConvergencePolicy:

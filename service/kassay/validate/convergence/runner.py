@@ -12,8 +12,11 @@ from __future__ import annotations
 import functools
 import importlib
 import math
+import multiprocessing
+import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,6 +107,89 @@ def train(
     return Run(curve, 0, diverged)
 
 
+def _train_one(
+    impl: Any,
+    params: Any,
+    policy: ConvergencePolicy,
+    slot_mod: Any,
+    seed: int,
+    device: torch.device,
+) -> Run:
+    calls = [0]
+    run = train(policy, seed, slot_mod.SLOT, slot_mod.wrap(impl, params, calls), device)
+    run.calls = calls[0]
+    return run
+
+
+def parallel_seeds(policy: ConvergencePolicy, device: torch.device, n_seeds: int) -> int:
+    """How many seeds train side by side, in processes of their own: `policy.parallel`, else
+    on a GPU up to half the host's cores (a step of this small model is host-bound, 25-42 ms on
+    the H200's host, so one process leaves the GPU idle), on a CPU one."""
+    if policy.parallel:
+        return min(policy.parallel, n_seeds)
+    if device.type != "cuda":
+        return 1  # a CPU worker's cores already run torch's threads
+    return max(1, min(n_seeds, (os.cpu_count() or 2) // 2))
+
+
+def _pool(
+    policy: ConvergencePolicy,
+    device: torch.device,
+    n_seeds: int,
+    include_mutants: bool,
+    include_testing: bool,
+) -> ProcessPoolExecutor | None:
+    n = parallel_seeds(policy, device, n_seeds)
+    if n <= 1:
+        return None
+    return ProcessPoolExecutor(
+        max_workers=n,
+        mp_context=multiprocessing.get_context("spawn"),  # CUDA cannot be forked
+        initializer=_child_init,
+        initargs=(include_mutants, include_testing, str(device)),
+    )
+
+
+def _child_init(include_mutants: bool, include_testing: bool, device: str) -> None:
+    """A seed's process: dies with its parent (an executor killed mid-case leaves no training
+    behind), one torch thread (its siblings share the cores), the impls loaded."""
+    from kassay.impls import load
+    from kassay.worker.executor import _die_with_parent
+
+    _die_with_parent(check_parent=False)
+    torch.set_num_threads(1)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    load(mutants=include_mutants, testing=include_testing)
+    _CHILD["include"] = (include_mutants, include_testing)
+
+
+_CHILD: dict[str, Any] = {}
+
+
+def _train_in_child(
+    op_name: str,
+    impl_name: str,
+    params_dump: dict[str, Any],
+    policy: ConvergencePolicy,
+    seed: int,
+    device: str,
+) -> Run:
+    """One seed of one arm in a pool process: impls travel by name (they do not pickle)."""
+    _, include_testing = _CHILD.get("include", (False, False))
+    op = get_op(op_name)
+    impl = get_impl(
+        op_name,
+        impl_name,
+        include_mutants=True,  # the control arm is an alternative (hidden kind)
+        include_testing=include_testing,
+    )
+    slot_mod = importlib.import_module(op.convergence_module or "")
+    return _train_one(
+        impl, op.parse_params(params_dump), policy, slot_mod, seed, torch.device(device)
+    )
+
+
 def _finite(xs: list[float]) -> list[float | None]:
     return [x if math.isfinite(x) else None for x in xs]
 
@@ -142,13 +228,13 @@ def run_convergence(
         why = impl.supports(params, device)
         if why:
             return why
-        runs = []
-        for seed in seeds:
-            calls = [0]
-            run = train(policy, seed, slot_mod.SLOT, slot_mod.wrap(impl, params, calls), device)
-            run.calls = calls[0]
-            runs.append(run)
-        return runs
+        if pool is not None:  # the seeds side by side, one process each
+            jobs = [
+                pool.submit(_train_in_child, group.op, name, group.params, policy, s, str(device))
+                for s in seeds
+            ]
+            return [j.result() for j in jobs]
+        return [_train_one(impl, params, policy, slot_mod, s, device) for s in seeds]
 
     def result(
         name: str, status: str, message: str, conv: ConvergenceResult | None, *, t0: float
@@ -166,6 +252,7 @@ def run_convergence(
         )
 
     results: dict[str, CaseResult] = {}
+    pool = _pool(policy, device, len(seeds), include_mutants, include_testing)
 
     def safe_arm(name: str, *, hidden_ok: bool = False) -> list[Run] | str:
         try:
@@ -175,35 +262,39 @@ def run_convergence(
 
     base = safe_arm(group.baseline)
     ctrl = safe_arm(control, hidden_ok=True) if not isinstance(base, str) else base
-    for name in group.impls:
-        if on_start is not None:
-            on_start(case_id(group.group_id, name))
-        t0 = time.perf_counter()
-        try:
-            if isinstance(base, str):
-                res = result(
-                    name,
-                    "error",
-                    f"the baseline {group.baseline} cannot train: {base}",
-                    None,
-                    t0=t0,
-                )
-            elif isinstance(ctrl, str):
-                res = result(
-                    name, "error", f"the control {control} cannot train: {ctrl}", None, t0=t0
-                )
-            else:
-                runs = base if name == group.baseline else arm(name)
-                if isinstance(runs, str):
-                    res = result(name, "unsupported", runs, None, t0=t0)
+    try:
+        for name in group.impls:
+            if on_start is not None:
+                on_start(case_id(group.group_id, name))
+            t0 = time.perf_counter()
+            try:
+                if isinstance(base, str):
+                    res = result(
+                        name,
+                        "error",
+                        f"the baseline {group.baseline} cannot train: {base}",
+                        None,
+                        t0=t0,
+                    )
+                elif isinstance(ctrl, str):
+                    res = result(
+                        name, "error", f"the control {control} cannot train: {ctrl}", None, t0=t0
+                    )
                 else:
-                    res = _judge(name, runs, base, ctrl, control, policy, seeds, lang, shape,
-                                 expected_calls, functools.partial(result, name, t0=t0))  # fmt: skip
-        except Exception as exc:  # the impl raised while training
-            res = result(name, "error", f"{type(exc).__name__}: {exc}", None, t0=t0)
-        results[name] = res
-        if on_result is not None:
-            on_result(res)
+                    runs = base if name == group.baseline else arm(name)
+                    if isinstance(runs, str):
+                        res = result(name, "unsupported", runs, None, t0=t0)
+                    else:
+                        res = _judge(name, runs, base, ctrl, control, policy, seeds, lang, shape,
+                                     expected_calls, functools.partial(result, name, t0=t0))  # fmt: skip
+            except Exception as exc:  # the impl raised while training
+                res = result(name, "error", f"{type(exc).__name__}: {exc}", None, t0=t0)
+            results[name] = res
+            if on_result is not None:
+                on_result(res)
+    finally:
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
     return [results[n] for n in group.impls]
 
 
