@@ -9,11 +9,15 @@ every `eval_every` steps on a fixed held-out set with the reference head and mer
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import importlib
 import math
 import multiprocessing
 import os
+import signal
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -154,9 +158,8 @@ def _child_init(include_mutants: bool, include_testing: bool, device: str) -> No
     """A seed's process: dies with its parent (an executor killed mid-case leaves no training
     behind), one torch thread (its siblings share the cores), the impls loaded."""
     from kassay.impls import load
-    from kassay.worker.executor import _die_with_parent
 
-    _die_with_parent(check_parent=False)
+    _die_with_parent()
     torch.set_num_threads(1)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
@@ -165,6 +168,14 @@ def _child_init(include_mutants: bool, include_testing: bool, device: str) -> No
 
 
 _CHILD: dict[str, Any] = {}
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this process when its parent (the executor) dies."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def _train_in_child(
