@@ -62,7 +62,11 @@ def _spec(**suite: object) -> dict:
 
 def test_a_convergence_suite_expands_to_one_group_the_model_shapes() -> None:
     (g,) = expand(parse_spec(_spec()))
-    assert g.regime == "convergence" and g.convergence is not None
+    assert g.regime.startswith("convergence-") and g.convergence is not None
+    # a policy training differently is another case key; `parallel` changes no result
+    (other,) = expand(parse_spec(_spec(convergence={"steps": 11, "seeds": 2})))
+    (same,) = expand(parse_spec(_spec(convergence={"steps": 10, "seeds": 2, "parallel": 2})))
+    assert other.regime != g.regime and same.regime == g.regime
     pol = ConvergencePolicy()
     assert g.params["T"] == pol.batch * pol.seq and g.params["K"] == pol.chunks
     assert g.params["mode"] == "step" and not g.timing.enabled

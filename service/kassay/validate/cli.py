@@ -50,6 +50,7 @@ def exit_code(summary: Any) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from kassay import reports
     from kassay.errors import KassayError
@@ -71,9 +72,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             color = {"passed": "green", "failed": "red"}.get(c.status, "yellow")
             t = f" {c.timing.median_ms:.3f} ms" if c.timing else ""
             flags = f" [{', '.join(c.flags)}]" if c.flags else ""
-            console.print(
-                f"[{color}]{c.status:>11}[/{color}]{flags} {c.op}.{c.impl} {c.label()}{t}"
-            )
+            what = c.label()
+            v = c.convergence
+            if v is not None:  # the verdict's numbers, not the model's shape fields
+                diff = "-" if v.mean_diff is None else f"{v.mean_diff:+.4f}"
+                what = f"[{c.regime}] Δ held-out loss {diff} nats (margin ±{v.margin:.4f})"
+                what += f" {c.message}" if c.message else ""
+            # escaped: a label's "[normal seed=0]" is text, not rich markup (it vanished)
+            text = escape(f"{flags} {c.op}.{c.impl} {what}{t}")
+            console.print(f"[{color}]{c.status:>11}[/{color}]{text}")
 
     settings = get_settings()
     try:

@@ -461,8 +461,16 @@ def expand(
 GRID_SLACK = 16
 
 
-#: the regime a convergence group carries (its case keys apart from the per-call cases')
+#: the regime a convergence group carries (its case keys apart from the per-call cases'),
+#: followed by a digest of its policy (convergence_regime)
 CONVERGENCE_REGIME = "convergence"
+
+
+def convergence_regime(policy: ConvergencePolicy) -> str:
+    """`convergence-` and 8 hex digits of the policy (what it trains and how; `parallel` left
+    out: it changes no result): two suites training differently never share a case key."""
+    text = policy.model_dump_json(exclude={"parallel"})
+    return f"{CONVERGENCE_REGIME}-{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
 def _convergence_groups(op: Any, suite: Suite, si: int, *, artifacts: list[str]) -> list[GroupSpec]:
@@ -470,6 +478,7 @@ def _convergence_groups(op: Any, suite: Suite, si: int, *, artifacts: list[str])
     with (Op.convergence_params), its impls trained in one executor (matched seeds)."""
     policy = suite.convergence
     assert policy is not None
+    regime = convergence_regime(policy)
     out = []
     for point in _grid(suite.params):
         try:
@@ -484,11 +493,11 @@ def _convergence_groups(op: Any, suite: Suite, si: int, *, artifacts: list[str])
             ) from None
         out.append(
             GroupSpec(
-                group_id=_group_id(op.name, params, CONVERGENCE_REGIME, suite.seeds[0], si),
+                group_id=_group_id(op.name, params, regime, suite.seeds[0], si),
                 suite_index=si,
                 op=op.name,
                 params=params,
-                regime=CONVERGENCE_REGIME,
+                regime=regime,
                 seed=suite.seeds[0],
                 impls=list(suite.impls),
                 baseline=suite.baseline,

@@ -265,9 +265,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         details={"errors": [{"loc": [*loc, "artifacts"], "msg": "missing"}]},
                     )
             if g.convergence is not None:
-                if g.regime != CONVERGENCE_REGIME:
+                if not g.regime.startswith(CONVERGENCE_REGIME):
                     raise InvalidSpecError(
-                        f"groups.{i}.regime: a convergence group's regime is "
+                        f"groups.{i}.regime: a convergence group's regime starts with "
                         f"{CONVERGENCE_REGIME!r}",
                         details={"errors": [{"loc": [*loc, "regime"], "msg": "not convergence"}]},
                     )
