@@ -30,27 +30,19 @@ Head = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class Shape:
-    vocab: int = 16
-    dim: int = 32
-    heads: int = 2
-    layers: int = 2
-    seq: int = 32
-    batch: int = 16
-    chunks: int = 4
+    """The model's shape: ConvergencePolicy.shape() (its defaults live there)."""
+
+    vocab: int
+    dim: int
+    heads: int
+    layers: int
+    seq: int
+    batch: int
+    chunks: int
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.heads
-
-    @property
-    def merge_rows(self) -> int:
-        """Rows (query positions) a merge sees per layer and step: batch x seq."""
-        return self.batch * self.seq
-
-    @property
-    def head_rows(self) -> int:
-        """Rows the LM head sees per step: batch x (seq - 1) next-token targets."""
-        return self.batch * (self.seq - 1)
 
 
 def reference_merge(outs: torch.Tensor, lses: torch.Tensor) -> torch.Tensor:

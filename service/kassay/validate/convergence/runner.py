@@ -164,7 +164,7 @@ def _child_init(include_mutants: bool, include_testing: bool, device: str) -> No
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     load(mutants=include_mutants, testing=include_testing)
-    _CHILD["include"] = (include_mutants, include_testing)
+    _CHILD["include_testing"] = include_testing
 
 
 _CHILD: dict[str, Any] = {}
@@ -187,13 +187,12 @@ def _train_in_child(
     device: str,
 ) -> Run:
     """One seed of one arm in a pool process: impls travel by name (they do not pickle)."""
-    _, include_testing = _CHILD.get("include", (False, False))
     op = get_op(op_name)
     impl = get_impl(
         op_name,
         impl_name,
         include_mutants=True,  # the control arm is an alternative (hidden kind)
-        include_testing=include_testing,
+        include_testing=_CHILD.get("include_testing", False),
     )
     slot_mod = importlib.import_module(op.convergence_module or "")
     return _train_one(
