@@ -40,7 +40,7 @@ def test_the_smoke_convergence_job_passes_the_correct_and_fails_the_gross(
     got = {(c["op"], c["impl"]): (c["status"], c["convergence"]) for c in report["cases"]}
     for op, alt, gross in (
         ("lse_merge", "alt_float64", "m_stale_lse"),
-        ("flce", "alt_float64", "m_zeros"),
+        ("flce", "alt_float64", "m_grad_softmax_lost"),
     ):
         status, conv = got[(op, alt)]
         assert status == "passed" and conv["verdict"] == "passed", (op, conv)

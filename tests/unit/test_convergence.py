@@ -34,6 +34,36 @@ def test_detectable_against_the_control_arm() -> None:
     assert not stats.detectable([1.2e-4, -1e-4, 0.3e-4, -1.5e-4], control)
 
 
+def test_a_failed_difference_is_detectable_even_where_welch_with_three_seeds_is_not() -> None:
+    """The CPU smoke's gross flce gradient bug: three seeds, differences +0.63/+1.56/+0.81
+    nats against a control at +-1e-7. The TOST places them beyond the margin; Welch's t at 5%
+    two-sided (df ~ 2) alone would call them not detectable."""
+    from kassay.validate.convergence.model import Shape
+    from kassay.validate.convergence.runner import Run, _judge
+
+    assert not stats.detectable([0.63, 1.56, 0.81], [-1e-7, 1e-7, -1e-7])
+    policy = ConvergencePolicy(steps=10, seeds=3, eval_every=5)
+    base = [Run([2.0, 1.0, f], 10, False) for f in (0.80, 0.85, 0.83)]
+    ctrl = [
+        Run([2.0, 1.0, b.final + e], 10, False)
+        for b, e in zip(base, (-1e-7, 1e-7, -1e-7), strict=True)
+    ]
+    runs = [
+        Run([2.0, 1.5, b.final + d], 10, False)
+        for b, d in zip(base, (0.63, 1.56, 0.81), strict=True)
+    ]
+
+    def make(status: str, message: str, conv: object) -> tuple[str, str, object]:
+        return status, message, conv
+
+    status, message, conv = _judge(
+        "m", runs, base, ctrl, "alt", policy, [0, 1, 2], Language(16, 32),
+        Shape(**policy.shape()), 10, make,
+    )  # fmt: skip
+    assert status == "failed" and "beyond the margin" in message
+    assert conv.verdict == "failed" and conv.detectable  # type: ignore[attr-defined]
+
+
 def test_the_language_has_a_known_floor_and_a_copied_half() -> None:
     lang = Language(vocab=16, seq=32)
     p = lang.transitions()

@@ -178,7 +178,8 @@ class ConvergenceResult(BaseModel):
     ci_high: float | None
     margin: float  # nats: max(margin_sigma x sigma_seed, margin_floor)
     sigma_seed: float  # the baseline's held-out loss spread across seeds
-    #: the differences stand out from the control arm's (correct kernels' benign band)
+    #: the differences stand out from the control arm's (correct kernels' benign band); a failed
+    #: verdict's always do (beyond the margin)
     detectable: bool
     #: the impl's calls in one run (checked: an impl that is not called cannot pass)
     calls: int

@@ -1,4 +1,4 @@
-"""flce mutants (known bugs 1-5 and 10)."""
+"""flce mutants (known bugs 1-5, 10-18 and 23)."""
 
 from __future__ import annotations
 
@@ -167,6 +167,26 @@ def zeros(
     return out if p.reduction == "none" else out.sum()
 
 
+def grad_softmax_lost(
+    x: torch.Tensor, w: torch.Tensor, target: torch.Tensor, b: torch.Tensor | None, p: FlceParams
+) -> Any:
+    """A fused kernel whose backward reads a probabilities buffer that was never written (or
+    was zeroed): d logits = 0 - target distribution instead of softmax - target distribution.
+    The loss is right; every gradient is wrong, and training grows the logits of frequent
+    targets without bound."""
+    z = F.linear(x, w, b).float()
+    valid = target != p.ignore_index
+    eps, v = p.label_smoothing, z.shape[-1]
+    onehot = F.one_hot(torch.where(valid, target, 0), v).float()
+    q = ((1 - eps) * onehot + eps / v) * valid[:, None]  # the target distribution per row
+    # forward: the true losses; backward: the gradient of -q . z, the softmax term lost
+    linear = -(q * z).sum(dim=-1)
+    rows = _ce_rows(z.detach(), target, p) + (linear - linear.detach())
+    if p.reduction == "none":
+        return rows
+    return rows.sum() / valid.sum().clamp_min(1) if p.reduction == "mean" else rows.sum()
+
+
 _mutant(
     "m_autocast_bias_none",
     autocast_bias_none,
@@ -191,6 +211,11 @@ _mutant(
     "5: label smoothing applied with the wrong weight",
 )
 _mutant("m_zeros", zeros, "10: outputs all zeros / never written")
+_mutant(
+    "m_grad_softmax_lost",
+    grad_softmax_lost,
+    "23: backward drops the softmax term (d logits = -target); the loss is right",
+)
 
 
 # ------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ PROBES: tuple[Probe, ...] = (
     Probe("flce", "m_bf16_chunk_accum", {"N": 2048, "H": 64, "V": 96, "dtype": "bfloat16"}),
     Probe("flce", "m_label_smoothing_weight", {**_F, "label_smoothing": 0.1}),
     Probe("flce", "m_zeros", dict(_F)),
+    Probe("flce", "m_grad_softmax_lost", dict(_F)),
     Probe("flce", "m_ce_weight_row_mean", {**_F, "ce_weight": True}),
     Probe("flce", "m_ce_weight_smoothing", {**_F, "ce_weight": True, "label_smoothing": 0.1}),
     Probe("flce", "m_token_scaling_grad", {**_F, "use_token_scaling": True}),
