@@ -28,7 +28,8 @@ def main() -> int:
     ap.add_argument("--margin-sigma", type=float, default=0.25)
     ap.add_argument("--margin-floor", type=float, default=0.005)
     a = ap.parse_args()
-    report = json.loads(open(a.report).read())
+    with open(a.report) as f:
+        report = json.load(f)
     for case in report["cases"]:
         conv = case.get("convergence")
         if not conv:

@@ -57,6 +57,41 @@ def test_the_smoke_convergence_job_passes_the_correct_and_fails_the_gross(
     assert html.count("<svg class='convergence'") == 2
 
 
+def test_a_user_without_mutants_trains_beside_the_default_control(procs, tmp_path: Path) -> None:
+    """The control arm is a correct alternative, a hidden kind: it trains with
+    KASSAY_ENABLE_MUTANTS off (it once did only with it on); a mutant named as the control does
+    not. The terminal table shows the verdict's numbers and the regime, not the shape."""
+    suite = {
+        "op": "lse_merge",
+        "impls": ["torch", "kassay"],
+        "params": {"mode": "step"},
+        "convergence": {"steps": 20, "seeds": 2, "eval_every": 10, "batch": 4},
+    }
+    mutant_control = {**suite, "convergence": {**suite["convergence"], "control": "m_zeros"}}
+    spec = tmp_path / "c.json"
+    spec.write_text(json.dumps({"name": "no-mutants", "suites": [suite, mutant_control]}))
+    env = procs.env({"COLUMNS": "250"})
+    env.pop("KASSAY_ENABLE_MUTANTS", None)
+    run = subprocess.run(
+        [*KASSAY, "run", str(spec), "--device", "cpu", "--quiet", "--json", "r.json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    report = json.loads((tmp_path / "r.json").read_text())
+    first = [c for c in report["cases"] if c["suite_index"] == 0]
+    assert [c["status"] for c in first] == ["passed", "passed"], [c["message"] for c in first]
+    assert first[0]["convergence"]["control"] == "alt_pairwise"
+    second = [c for c in report["cases"] if c["suite_index"] == 1]
+    assert {c["status"] for c in second} == {"error"}
+    assert "m_zeros is a mutant" in second[0]["message"]
+    assert run.returncode == 2  # cases in error (a failed case alone exits 1)
+    assert "Δ held-out loss" in run.stdout and "[convergence-" in run.stdout
+    assert "T=" not in run.stdout  # the model's shape fields are not the case's name
+
+
 SPEC = {
     "name": "convergence-served",
     "suites": [

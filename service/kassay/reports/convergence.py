@@ -10,6 +10,7 @@ from collections.abc import Callable
 from html import escape as e
 
 from kassay.validate.results import CaseResult, ConvergenceResult, Report
+from kassay.validate.spec import CONVERGENCE_REGIME
 
 WHAT_IT_SEES = (
     "A convergence check of this size sees gross bugs (a stale lse, wrong or missing "
@@ -44,6 +45,25 @@ def row(c: CaseResult) -> tuple[str, str, str, str, str, str]:
         f"±{v.margin:.4f}",
         "yes" if v.detectable else "no",
         _f(final, ".4f"),
+    )
+
+
+def is_convergence(c: CaseResult) -> bool:
+    """A case of a convergence group, trained or not (one in error carries no result)."""
+    return c.convergence is not None or c.regime.startswith(CONVERGENCE_REGIME)
+
+
+def label(c: CaseResult) -> str:
+    """A convergence case in one line (the terminal's per-case lines and summary table): its
+    regime and the verdict's numbers, not the model's shape fields its params carry."""
+    v = c.convergence
+    if v is None:  # not trained (error, unsupported): its message says why
+        return f"[{c.regime}]"
+    ci = f"90% CI [{_f(v.ci_low)}, {_f(v.ci_high)}]"
+    seen = ", detectable" if v.detectable else ""
+    return (
+        f"[{c.regime}] {v.steps} steps x {len(v.seeds)} seeds: Δ held-out loss "
+        f"{_f(v.mean_diff)} nats, {ci}, margin ±{v.margin:.4f}{seen}"
     )
 
 

@@ -54,6 +54,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from kassay import reports
     from kassay.errors import KassayError
+    from kassay.reports.convergence import is_convergence
+    from kassay.reports.convergence import label as convergence_label
     from kassay.settings import get_settings
     from kassay.validate.local import run_job
     from kassay.validate.results import CaseResult
@@ -73,11 +75,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             t = f" {c.timing.median_ms:.3f} ms" if c.timing else ""
             flags = f" [{', '.join(c.flags)}]" if c.flags else ""
             what = c.label()
-            v = c.convergence
-            if v is not None:  # the verdict's numbers, not the model's shape fields
-                diff = "-" if v.mean_diff is None else f"{v.mean_diff:+.4f}"
-                what = f"[{c.regime}] Δ held-out loss {diff} nats (margin ±{v.margin:.4f})"
-                what += f" {c.message}" if c.message else ""
+            if is_convergence(c):  # the verdict's numbers, not the model's shape
+                what = convergence_label(c) + (f" {c.message}" if c.message else "")
             # escaped: a label's "[normal seed=0]" is text, not rich markup (it vanished)
             text = escape(f"{flags} {c.op}.{c.impl} {what}{t}")
             console.print(f"[{color}]{c.status:>11}[/{color}]{text}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
+from kassay.reports import convergence
 from kassay.reports.cases import (
     checks_line,
     fmt_device_ms,
@@ -41,10 +43,11 @@ def summary_table(report: Report, *, max_rows: int = 200) -> Table:
         ms = fmt_device_ms(c)
         t.add_row(
             f"{c.op}.{c.impl}",
-            c.label(),
+            # escaped: "[normal seed=0]" is text, not rich markup
+            escape(convergence.label(c) if convergence.is_convergence(c) else c.label()),
             c.dtype,
             f"[{color}]{status_text(c)}[/{color}]",
-            worst_output(c) if c.outputs else c.message,
+            escape(worst_output(c) if c.outputs else c.message),
             ms,
             fmt_host_ms(c),
             f"{tm.tflops:.3g}" if tm and tm.tflops is not None else "-",

@@ -164,7 +164,20 @@ def _child_init(include_mutants: bool, include_testing: bool, device: str) -> No
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     load(mutants=include_mutants, testing=include_testing)
+    _load_corpus(include_testing)  # names reach a child vetted by its parent
     _CHILD["include_testing"] = include_testing
+
+
+def _load_corpus(include_testing: bool) -> None:
+    """Register the ops' corpora (mutants and correct alternatives): the control arm is an
+    alternative whether or not mutants are enabled. Registered is not visible: get_impl and
+    list_impls still hide both kinds from callers that do not ask for them."""
+    from kassay.impls import load
+
+    try:
+        load(mutants=True, testing=include_testing)
+    except ModuleNotFoundError:  # a build without the corpora: the control cannot train
+        load(testing=include_testing)
 
 
 _CHILD: dict[str, Any] = {}
@@ -217,6 +230,7 @@ def run_convergence(
 ) -> list[CaseResult]:
     policy = group.convergence
     assert policy is not None
+    _load_corpus(include_testing)  # the control arm is a correct alternative (hidden kind)
     op = get_op(group.op)
     params = op.parse_params(group.params)
     assert op.convergence_module is not None
@@ -228,11 +242,15 @@ def run_convergence(
     expected_calls = policy.steps * (shape.layers if slot_mod.SLOT == "merge" else 1)
 
     def arm(name: str, *, hidden_ok: bool = False) -> list[Run] | str:
-        """Runs of impl `name` over the seeds, or why it cannot be trained here."""
+        """Runs of impl `name` over the seeds, or why it cannot be trained here. `hidden_ok`:
+        the control arm, which may be a correct alternative (a hidden kind) but no mutant
+        unless mutants are enabled."""
         impl = get_impl(
             group.op, name, include_mutants=include_mutants or hidden_ok,
             include_testing=include_testing,
         )  # fmt: skip
+        if impl.kind == "mutant" and not include_mutants:
+            return f"{name} is a mutant (KASSAY_ENABLE_MUTANTS is off)"
         if impl.remote is not None:
             return "code a job brings is not trained in the convergence model (it runs sandboxed)"
         why = impl.supports(params, device)
