@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kassay.validate.convergence import stats
+from kassay.validate.convergence.runner import DIVERGED_OVER_UNIFORM
+from kassay.validate.spec import ConvergencePolicy
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,11 @@ class Point:
     detectable: bool
 
 
-def _at(curve: list[float | None], i: int) -> float:
-    x = curve[i] if i < len(curve) else None  # a diverged run's curve stops early
-    return math.nan if x is None else x
+def _at(curve: list[float | None], i: int, limit: float) -> float:
+    """A run's loss at eval step i as the runner judges it: NaN once it diverged (its curve
+    stops early, or the loss is past the uniform guess + DIVERGED_OVER_UNIFORM)."""
+    x = curve[i] if i < len(curve) else None
+    return math.nan if x is None or x > limit else x
 
 
 def horizon(report: dict[str, Any], margin_sigma: float, margin_floor: float) -> list[Point]:
@@ -40,27 +44,27 @@ def horizon(report: dict[str, Any], margin_sigma: float, margin_floor: float) ->
         conv = case.get("convergence")
         if not conv:
             continue
+        limit = conv["uniform_loss"] + DIVERGED_OVER_UNIFORM
         for i, step in enumerate(conv["eval_steps"]):
-            base = [_at(c, i) for c in conv["baseline_curves"]]
-            finite = [b for b in base if math.isfinite(b)]
-            _, sigma = stats.mean_sd(finite or [math.nan])
-            margin = max(margin_sigma * sigma, margin_floor)
-            diffs = [_at(c, i) - b for c, b in zip(conv["curves"], base, strict=True)]
-            cdiffs = [_at(c, i) - b for c, b in zip(conv["control_curves"], base, strict=True)]
-            eq = stats.equivalence(diffs, margin)
-            det = eq.verdict == "failed" or stats.detectable(
-                diffs, [d for d in cdiffs if math.isfinite(d)]
+            impl, base, ctrl = (
+                [_at(c, i, limit) for c in conv[key]]
+                for key in ("curves", "baseline_curves", "control_curves")
             )
-            loss = sum(finite) / len(finite) if finite else math.nan
-            points.append(Point(f"{case['op']}.{case['impl']}", step, loss, sigma, eq, det))
+            j = stats.judge(impl, base, ctrl, margin_sigma, margin_floor)
+            ok = [b for b in base if math.isfinite(b)]
+            loss = sum(ok) / len(ok) if ok else math.nan
+            points.append(
+                Point(f"{case['op']}.{case['impl']}", step, loss, j.sigma, j.eq, j.detectable)
+            )
     return points
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("report")
-    ap.add_argument("--margin-sigma", type=float, default=0.25)
-    ap.add_argument("--margin-floor", type=float, default=0.005)
+    defaults = ConvergencePolicy()
+    ap.add_argument("--margin-sigma", type=float, default=defaults.margin_sigma)
+    ap.add_argument("--margin-floor", type=float, default=defaults.margin_floor)
     a = ap.parse_args()
     with open(a.report) as f:
         data = json.load(f)

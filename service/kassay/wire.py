@@ -125,15 +125,9 @@ def get_params(msg: Message, op: str, loc: Loc = ()) -> dict[str, Any]:
     """The validated params dump of op `op` from msg's `params_json`."""
     from kassay.ops import get_op
 
-    text = msg.params_json  # type: ignore[attr-defined]
-    if not text:
+    raw = _json_object(msg.params_json, (*loc, "params_json"))  # type: ignore[attr-defined]
+    if raw is None:
         raise _invalid((*loc, "params_json"), "missing: the op's params as a JSON object")
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise _invalid((*loc, "params_json"), f"not JSON: {exc}") from None
-    if not isinstance(raw, dict):
-        raise _invalid((*loc, "params_json"), "must be a JSON object")
     if not op:
         raise _invalid((*loc, "op"), "must name the op")
     model = get_op(op).params_model
@@ -202,9 +196,7 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
             "timing": timing,
             "coverage": msg.coverage,
             "artifacts": list(msg.artifacts),
-            "convergence": _json_object(
-                msg.convergence if msg.HasField("convergence") else "", (*loc, "convergence")
-            ),
+            "convergence": _json_object(msg.convergence, (*loc, "convergence")),
         },
         loc,
     )
@@ -278,9 +270,7 @@ def result_from_proto(msg: pb.CaseResult) -> CaseResult:
     data["environment"] = (
         environment_from_proto(msg.environment) if msg.HasField("environment") else None
     )
-    data["convergence"] = _json_object(
-        msg.convergence if msg.HasField("convergence") else "", ("convergence",)
-    )
+    data["convergence"] = _json_object(msg.convergence, ("convergence",))
     return CaseResult.model_validate(data)
 
 

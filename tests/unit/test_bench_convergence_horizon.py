@@ -25,7 +25,10 @@ def test_the_last_step_gives_the_runners_verdicts() -> None:
         (ROOT / "bench/results/convergence-h200-2026-12-05-400steps.json").read_text()
     )
     report = data["report"]
-    points = _module().horizon(report, 0.25, 0.005)
+    from kassay.validate.spec import ConvergencePolicy
+
+    defaults = ConvergencePolicy()
+    points = _module().horizon(report, defaults.margin_sigma, defaults.margin_floor)
     last = {p.case: p for p in points if p.step == 400}
     judged = {f"{c['op']}.{c['impl']}": c["convergence"] for c in report["cases"]}
     assert set(last) == set(judged)

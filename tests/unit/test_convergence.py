@@ -66,7 +66,7 @@ def test_a_failed_difference_is_detectable_even_where_welch_with_three_seeds_is_
 
 def test_the_language_has_a_known_floor_and_a_copied_half() -> None:
     lang = Language(vocab=16, seq=32)
-    p = lang.transitions()
+    p = lang.transitions
     assert torch.allclose(p.sum(dim=1), torch.ones(16, dtype=torch.float64))
     batch = lang.batch(8, torch.Generator().manual_seed(0))
     assert torch.equal(batch[:, :16], batch[:, 16:])

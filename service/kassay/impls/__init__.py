@@ -3,6 +3,6 @@
 Importing this package registers nothing by itself; call `kassay.impls.load()` (the engine does).
 """
 
-from kassay.impls.registry import Impl, get_impl, list_impls, load, register
+from kassay.impls.registry import Impl, get_impl, list_impls, load, load_with_corpora, register
 
-__all__ = ["Impl", "get_impl", "list_impls", "load", "register"]
+__all__ = ["Impl", "get_impl", "list_impls", "load", "load_with_corpora", "register"]

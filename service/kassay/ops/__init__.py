@@ -33,8 +33,6 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "kassay.ops"
 
 _OPS: dict[str, Op] = {}
-#: op name -> why its plugin failed to load (reported by `kassay impls`, the logs)
-PLUGIN_ERRORS: dict[str, str] = {}
 
 
 def _as_op(obj: Any) -> Op:
@@ -59,7 +57,6 @@ def _discover() -> dict[str, Op]:
             if op.name in ops:
                 raise ValueError(f"op {op.name!r} is already taken (a built-in or another plugin)")
         except Exception as exc:
-            PLUGIN_ERRORS[ep.name] = f"{type(exc).__name__}: {exc}"
             log.warning("op plugin %s (%s) failed to load: %s", ep.name, ep.value, exc)
             continue
         ops[op.name] = op

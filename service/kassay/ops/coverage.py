@@ -19,7 +19,6 @@ were added; `coverage: none` in a suite turns them off.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 Point = dict[str, Any]
@@ -45,8 +44,3 @@ def distinct(points: list[Point], keys: tuple[str, ...]) -> list[Point]:
             seen.add(k)
             out.append(p)
     return out[:MAX_BASES]
-
-
-def none(points: list[Point], regimes: list[str], all_regimes: tuple[str, ...]) -> Iterator[Added]:
-    """An op that adds no coverage points (the default)."""
-    return iter(())

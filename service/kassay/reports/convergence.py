@@ -37,7 +37,9 @@ def row(c: CaseResult) -> tuple[str, str, str, str, str, str]:
     """(verdict, difference, 90% CI, margin, detectable, final loss) of a convergence case."""
     v = c.convergence
     assert v is not None
-    final = _mean([curve[-1] if curve else None for curve in v.curves])
+    # the runner's rule: a diverged run has no final loss (its diff is null), nor the mean
+    diverged = any(d is None for d in v.diffs)
+    final = None if diverged else _mean([curve[-1] if curve else None for curve in v.curves])
     return (
         v.verdict,
         _f(v.mean_diff),

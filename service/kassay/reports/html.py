@@ -353,7 +353,8 @@ def _sortable(v: Any) -> Any:
 
 
 def suite_sections(report: Report) -> str:
-    """Each suite: its fixed params, its plots (canvases report.js fills) and its case table."""
+    """Each suite: its fixed params, its plots (canvases report.js fills) and its case table;
+    then the convergence groups' verdicts and curves (reports.convergence)."""
     out = []
     for i, cases in enumerate(suites_of(report)):
         vary, fixed = varying(cases)
@@ -379,6 +380,7 @@ def suite_sections(report: Report) -> str:
     return (
         "".join(out)
         + f"<script type='application/json' class='plot-data'>{json_for_script(data)}</script>"
+        + convergence.html(report)
     )
 
 
@@ -470,7 +472,7 @@ def standalone(report: Report, css: str, scripts: list[str]) -> str:
         f"<body class='report'><h1>{title}</h1><p class='muted'>{labels}</p>"
         f"<p class='summary'>{e(report.state)} · {counts_line(summary_counts(report), report.summary.total)}</p>"
         f"{regressions_list(report)}{failures_list(report)}"
-        f"<h2>Cases</h2>{suite_sections(report)}{convergence.html(report)}{comparison}"
+        f"<h2>Cases</h2>{suite_sections(report)}{comparison}"
         f"<h2>Environment</h2>{environment_table(report)}{inline}</body></html>"
     )
 

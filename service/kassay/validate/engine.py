@@ -659,7 +659,6 @@ def run_group(
     dev = resolve_device(device)
     if group.convergence is not None:
         from kassay.validate.convergence import run_convergence
-        from kassay.validate.env import environment
 
         return run_convergence(
             group,

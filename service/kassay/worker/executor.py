@@ -157,7 +157,7 @@ class Executor:
     ) -> None:
         import torch
 
-        from kassay.impls import load
+        from kassay.impls import load_with_corpora
         from kassay.validate import engine
         from kassay.validate.ceilings import measure_ceilings
         from kassay.validate.env import environment, resolve_device
@@ -170,10 +170,7 @@ class Executor:
         self.device = resolve_device(device_name)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        try:
-            load(mutants=True, testing=testing)
-        except ModuleNotFoundError:  # a build without the mutant corpus
-            load(testing=testing)
+        load_with_corpora(testing=testing)
         self.artifacts = list(artifacts or [])
         artifact_errors: list[str] = []
         self.remote = None

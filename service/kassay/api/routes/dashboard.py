@@ -25,7 +25,7 @@ from kassay.api.pages import login_redirect, page
 from kassay.api.route_common import label_filters
 from kassay.api.store import ACTIVE_STATES, JobRecord
 from kassay.errors import KassayError
-from kassay.reports import FORMATS, convergence
+from kassay.reports import FORMATS
 from kassay.reports.comparison_html import comparison_html
 from kassay.reports.html import (
     COUNTED,
@@ -213,7 +213,7 @@ def job_page(
 <p class='summary'>{counts}</p>
 <p>reports: {_report_links(job.id)} · <a href='/compare?a={e(job.id)}'>compare…</a>{compare_link}</p>
 {regressions}<div id='cases' data-fragment='/jobs/{e(job.id)}/cases'>
-{_cases_fragment(suite_sections(report) + convergence.html(report), failures_list(report))}</div>
+{_cases_fragment(suite_sections(report), failures_list(report))}</div>
 {comparison}<h2>Environment</h2>{environment_table(report)}"""
     attrs = (
         f" data-job-id='{e(job.id)}' data-job-state='{e(job.state)}' data-job-done='{job.done}'"
@@ -240,9 +240,7 @@ def job_cases_fragment(
         report = svc.store.results.report(job_id)
     except KassayError as exc:
         return HTMLResponse(e(exc.message), status_code=exc.http_status)
-    return HTMLResponse(
-        _cases_fragment(suite_sections(report) + convergence.html(report), failures_list(report))
-    )
+    return HTMLResponse(_cases_fragment(suite_sections(report), failures_list(report)))
 
 
 def _key_select(choices: list[tuple[str, str]], key: str | None) -> str:

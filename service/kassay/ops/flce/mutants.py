@@ -182,9 +182,7 @@ def grad_softmax_lost(
     # forward: the true losses; backward: the gradient of -q . z, the softmax term lost
     linear = -(q * z).sum(dim=-1)
     rows = _ce_rows(z.detach(), target, p) + (linear - linear.detach())
-    if p.reduction == "none":
-        return rows
-    return rows.sum() / valid.sum().clamp_min(1) if p.reduction == "mean" else rows.sum()
+    return _reduce(rows, valid.sum(), p)
 
 
 _mutant(

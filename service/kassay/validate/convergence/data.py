@@ -12,6 +12,7 @@ its attention is split into. The floor (`entropy_floor`) is what a perfect model
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -27,9 +28,10 @@ class Language:
     seq: int
     branch: int = 4
 
+    @functools.cached_property
     def transitions(self) -> torch.Tensor:
         """[vocab, vocab] float64 row-stochastic: `branch` successors per symbol, with fixed
-        unequal weights (so the floor is not log(branch) exactly)."""
+        unequal weights (so the floor is not log(branch) exactly). Built once per Language."""
         g = torch.Generator().manual_seed(LANGUAGE_SEED)
         weights = torch.tensor([0.4, 0.3, 0.2, 0.1][: self.branch], dtype=torch.float64)
         weights = weights / weights.sum()
@@ -42,7 +44,7 @@ class Language:
     def entropy_floor(self) -> float:
         """Mean nats per target of a perfect model: the chain's conditional entropy on the
         first half's targets (seq/2 - 1 of the seq - 1), zero on the copied half."""
-        p = self.transitions()
+        p = self.transitions
         row = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(dim=1)
         # the chain starts uniform; its rows all have the same entropy
         h = float(row.mean())
@@ -51,13 +53,20 @@ class Language:
 
     def batch(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """[n, seq] int64 sequences (on the CPU; move them where the model is)."""
-        p = self.transitions()
+        p = self.transitions
         half = self.seq // 2
         first = torch.empty(n, half, dtype=torch.int64)
         first[:, 0] = torch.randint(0, self.vocab, (n,), generator=generator)
         for t in range(1, half):
             first[:, t] = torch.multinomial(p[first[:, t - 1]], 1, generator=generator)[:, 0]
         return torch.cat([first, first], dim=1)[:, : self.seq]
+
+
+@functools.lru_cache(maxsize=4)
+def held_out(vocab: int, seq: int, n: int) -> torch.Tensor:
+    """[n, seq] int64 on the CPU: the fixed held-out set every arm and seed is evaluated on
+    (made once per process; callers copy it to their device and never write it)."""
+    return Language(vocab, seq).batch(n, torch.Generator().manual_seed(LANGUAGE_SEED + 1))
 
 
 def uniform_loss(vocab: int) -> float:

@@ -26,11 +26,12 @@ from typing import Any
 
 import torch
 
-from kassay.impls import get_impl
+from kassay.impls import get_impl, load_with_corpora
 from kassay.ops import get_op
 from kassay.validate.case_result import case_result
 from kassay.validate.convergence import stats
-from kassay.validate.convergence.data import LANGUAGE_SEED, Language, uniform_loss
+from kassay.validate.convergence.data import Language, uniform_loss
+from kassay.validate.convergence.data import held_out as data_held_out
 from kassay.validate.convergence.model import Decoder, Shape
 from kassay.validate.results import CaseResult, ConvergenceResult
 from kassay.validate.spec import ConvergencePolicy, GroupSpec, case_id
@@ -78,8 +79,7 @@ def train(
     data = torch.Generator().manual_seed(seed * 1_000_003 + 7)
     batches = lang.batch(policy.steps * shape.batch, data).to(device)
     batches = batches.view(policy.steps, shape.batch, shape.seq)
-    held_out = lang.batch(policy.eval_batch, torch.Generator().manual_seed(LANGUAGE_SEED + 1))
-    held_out = held_out.to(device)
+    held_out = data_held_out(shape.vocab, shape.seq, policy.eval_batch).to(device)
     kwargs = {slot: fn}
     curve: list[float] = []
     diverged = False
@@ -140,7 +140,6 @@ def _pool(
     policy: ConvergencePolicy,
     device: torch.device,
     n_seeds: int,
-    include_mutants: bool,
     include_testing: bool,
 ) -> ProcessPoolExecutor | None:
     n = parallel_seeds(policy, device, n_seeds)
@@ -150,34 +149,19 @@ def _pool(
         max_workers=n,
         mp_context=multiprocessing.get_context("spawn"),  # CUDA cannot be forked
         initializer=_child_init,
-        initargs=(include_mutants, include_testing, str(device)),
+        initargs=(include_testing, str(device)),
     )
 
 
-def _child_init(include_mutants: bool, include_testing: bool, device: str) -> None:
+def _child_init(include_testing: bool, device: str) -> None:
     """A seed's process: dies with its parent (an executor killed mid-case leaves no training
     behind), one torch thread (its siblings share the cores), the impls loaded."""
-    from kassay.impls import load
-
     _die_with_parent()
     torch.set_num_threads(1)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    load(mutants=include_mutants, testing=include_testing)
-    _load_corpus(include_testing)  # names reach a child vetted by its parent
+    load_with_corpora(testing=include_testing)  # names reach a child vetted by its parent
     _CHILD["include_testing"] = include_testing
-
-
-def _load_corpus(include_testing: bool) -> None:
-    """Register the ops' corpora (mutants and correct alternatives): the control arm is an
-    alternative whether or not mutants are enabled. Registered is not visible: get_impl and
-    list_impls still hide both kinds from callers that do not ask for them."""
-    from kassay.impls import load
-
-    try:
-        load(mutants=True, testing=include_testing)
-    except ModuleNotFoundError:  # a build without the corpora: the control cannot train
-        load(testing=include_testing)
 
 
 _CHILD: dict[str, Any] = {}
@@ -230,7 +214,7 @@ def run_convergence(
 ) -> list[CaseResult]:
     policy = group.convergence
     assert policy is not None
-    _load_corpus(include_testing)  # the control arm is a correct alternative (hidden kind)
+    load_with_corpora(testing=include_testing)  # the control arm: an alternative (hidden)
     op = get_op(group.op)
     params = op.parse_params(group.params)
     assert op.convergence_module is not None
@@ -280,7 +264,7 @@ def run_convergence(
         )
 
     results: dict[str, CaseResult] = {}
-    pool = _pool(policy, device, len(seeds), include_mutants, include_testing)
+    pool = _pool(policy, device, len(seeds), include_testing)
 
     def safe_arm(name: str, *, hidden_ok: bool = False) -> list[Run] | str:
         try:
@@ -339,12 +323,14 @@ def _judge(
     expected_calls: int,
     make: Callable[..., CaseResult],
 ) -> CaseResult:
-    base_final = [r.final for r in base]
-    _, sigma = stats.mean_sd([x for x in base_final if math.isfinite(x)] or [math.nan])
-    margin = max(policy.margin_sigma * sigma, policy.margin_floor)
-    diffs = [r.final - b for r, b in zip(runs, base_final, strict=True)]
-    cdiffs = [r.final - b for r, b in zip(ctrl, base_final, strict=True)]
-    eq = stats.equivalence(diffs, margin)
+    j = stats.judge(
+        [r.final for r in runs],
+        [r.final for r in base],
+        [r.final for r in ctrl],
+        policy.margin_sigma,
+        policy.margin_floor,
+    )
+    eq = j.eq
     calls = min(r.calls for r in runs)
     verdict, message = eq.verdict, eq.reason
     not_called = [r.calls for r in runs if not r.diverged and r.calls != expected_calls]
@@ -356,7 +342,6 @@ def _judge(
         message = "training diverged (held-out loss not finite or past the uniform guess) " + (
             f"at seed(s) {', '.join(str(s) for s, r in zip(seeds, runs, strict=True) if r.diverged)}"
         )
-    finite_c = [d for d in cdiffs if math.isfinite(d)]
     conv = ConvergenceResult(
         verdict=verdict,  # type: ignore[arg-type]
         steps=policy.steps,
@@ -366,18 +351,14 @@ def _judge(
         baseline_curves=[_finite(r.curve) for r in base],
         control=control,
         control_curves=[_finite(r.curve) for r in ctrl],
-        diffs=_finite(diffs),
-        control_diffs=_finite(cdiffs),
+        diffs=_finite(j.diffs),
+        control_diffs=_finite(j.control_diffs),
         mean_diff=eq.mean if math.isfinite(eq.mean) else None,
         ci_low=eq.low if math.isfinite(eq.low) else None,
         ci_high=eq.high if math.isfinite(eq.high) else None,
-        margin=margin,
-        sigma_seed=sigma if math.isfinite(sigma) else 0.0,
-        # a failed difference is detectable by definition: beyond the margin at the verdict's
-        # level (Welch's two-sided 5% with few seeds can miss one the TOST has already placed
-        # outside the margin); a diverged or non-finite run is too
-        detectable=verdict == "failed"
-        or stats.detectable([d for d in diffs if math.isfinite(d)], finite_c),
+        margin=j.margin,
+        sigma_seed=j.sigma if math.isfinite(j.sigma) else 0.0,
+        detectable=verdict == "failed" or j.detectable,  # not called: failed, detectable
         calls=calls,
         entropy_floor=lang.entropy_floor(),
         uniform_loss=uniform_loss(shape.vocab),

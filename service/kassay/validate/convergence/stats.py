@@ -17,25 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-#: Student's t quantiles, 0.95 one-sided (the TOST's 90% interval), by degrees of freedom
-_T95 = {
-    1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833,
-    10: 1.812, 12: 1.782, 15: 1.753, 20: 1.725, 25: 1.708, 30: 1.697, 60: 1.671,
-}  # fmt: skip
-#: and 0.975 (Welch's two-sided 5%)
-_T975 = {
-    1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
-    10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 25: 2.060, 30: 2.042, 60: 2.000,
-}  # fmt: skip
-
-
-def t_quantile(df: float, table: dict[int, float]) -> float:
-    """The quantile at `df` degrees of freedom: the table's entry at or below it (conservative),
-    the normal's beyond 60."""
-    if df >= 120:
-        return 1.645 if table is _T95 else 1.960
-    keys = [k for k in sorted(table) if k <= max(1.0, df)]
-    return table[keys[-1]]
+from kassay.validate.median_ratio import t_quantile
 
 
 def mean_sd(xs: list[float]) -> tuple[float, float]:
@@ -60,7 +42,7 @@ def equivalence(diffs: list[float], margin: float) -> Equivalence:
     if not diffs or not all(math.isfinite(d) for d in diffs):
         return Equivalence("failed", math.nan, math.nan, math.nan, margin, "a loss is not finite")
     m, sd = mean_sd(diffs)
-    half = t_quantile(len(diffs) - 1, _T95) * sd / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
+    half = t_quantile(0.95, len(diffs) - 1) * sd / math.sqrt(len(diffs)) if len(diffs) > 1 else 0.0
     low, high = m - half, m + half
     if -margin < low and high < margin:
         return Equivalence("passed", m, low, high, margin, "")
@@ -90,4 +72,39 @@ def detectable(diffs: list[float], control: list[float]) -> bool:
     df = (v1 + v2) ** 2 / (
         (v1**2 / (len(diffs) - 1) if v1 else 0) + (v2**2 / (len(control) - 1) if v2 else 0)
     )
-    return abs(m1 - m2) / se > t_quantile(df, _T975)
+    return abs(m1 - m2) / se > t_quantile(0.975, df)
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One impl's final held-out losses judged against the baseline's (matched seeds)."""
+
+    sigma: float  # the baseline's spread across seeds
+    margin: float
+    diffs: list[float]  # per seed: impl - baseline (NaN where a run diverged)
+    control_diffs: list[float]
+    eq: Equivalence
+    detectable: bool
+
+
+def judge(
+    finals: list[float],
+    base_finals: list[float],
+    control_finals: list[float],
+    margin_sigma: float,
+    margin_floor: float,
+) -> Judgement:
+    """The verdict's numbers from per-seed final losses (NaN: diverged): the margin from the
+    baseline's seed spread, the TOST of the matched differences, and whether they stand out from
+    the control arm's. A failed difference is detectable by definition: it lies beyond the margin
+    at the verdict's level (Welch's two-sided 5% with few seeds can miss one the TOST has
+    already placed outside it), and so does a diverged run's."""
+    _, sigma = mean_sd([x for x in base_finals if math.isfinite(x)] or [math.nan])
+    margin = max(margin_sigma * sigma, margin_floor)
+    diffs = [f - b for f, b in zip(finals, base_finals, strict=True)]
+    cdiffs = [c - b for c, b in zip(control_finals, base_finals, strict=True)]
+    eq = equivalence(diffs, margin)
+    seen = eq.verdict == "failed" or detectable(
+        [d for d in diffs if math.isfinite(d)], [d for d in cdiffs if math.isfinite(d)]
+    )
+    return Judgement(sigma, margin, diffs, cdiffs, eq, seen)
