@@ -150,13 +150,15 @@ def test_unrunnable_groups_fail_naming_what_the_workers_offer(tmp_path):
         job = c.post("/v1/jobs", json=body).json()
         disp = c.app.state.services.dispatcher
         # w:2 never answered Describe: it may offer `mine`, so the group waits.
-        disp.links = [
+        disp.workers.links = [
             WorkerLink("w:1", state="up", ops={"lse_merge": ["torch"]}),
             WorkerLink("w:2"),
         ]
         asyncio.run(disp.sweeper.fail_unrunnable())
         assert c.get(f"/v1/jobs/{job['id']}").json()["state"] == "queued"
-        disp.links = [WorkerLink("w:1", state="up", ops={"lse_merge": ["torch", "te_style"]})]
+        disp.workers.links = [
+            WorkerLink("w:1", state="up", ops={"lse_merge": ["torch", "te_style"]})
+        ]
         asyncio.run(disp.sweeper.fail_unrunnable())
         done = c.get(f"/v1/jobs/{job['id']}").json()
         assert done["state"] == "finished" and done["ok"] is False
@@ -175,7 +177,7 @@ def test_case_cap_and_memory_and_worker_impls(tmp_path):
         assert r.status_code == 422 and r.json()["error"] == "CaseLimitError"
     with _client(tmp_path) as c:
         disp = c.app.state.services.dispatcher
-        disp.links = [
+        disp.workers.links = [
             WorkerLink(
                 "w:1",
                 state="up",
@@ -311,7 +313,7 @@ def test_readyz_is_the_database_not_the_workers(tmp_path):
 def test_admission_compares_with_free_device_memory(tmp_path):
     with _client(tmp_path) as c:
         disp = c.app.state.services.dispatcher
-        disp.links = [
+        disp.workers.links = [
             WorkerLink(
                 "w:1",
                 state="up",
@@ -359,7 +361,7 @@ def test_code_is_refused_unless_the_server_allows_it(tmp_path):
         named = c.app.state.services.store.artifacts.of_job(r.json()["id"])
         assert [a.digest for a in named] == [digest]
         # the device-memory estimate applies to a job that brings code as to any other
-        c.app.state.services.dispatcher.links = [
+        c.app.state.services.dispatcher.workers.links = [
             WorkerLink(
                 "w:1",
                 state="up",

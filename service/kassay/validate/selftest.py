@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kassay.impls import get_impl, list_impls, load
-from kassay.ops import all_ops
+from kassay.ops import all_ops, get_op
 from kassay.ops.probes import CORRECT, Probe
 from kassay.validate.engine import run_group
 from kassay.validate.env import resolve_device
@@ -53,6 +53,12 @@ def plain_probes() -> list[Probe]:
 def fairness() -> list[tuple[str, dict[str, Any]]]:
     """(op, plain grid) of every op's fairness suite (FAIRNESS)."""
     return _gather("FAIRNESS")
+
+
+def correct_impls(op: str) -> tuple[str, ...]:
+    """The op's correct impls: its probes module's CORRECT, else kassay.ops.probes.CORRECT."""
+    mod = get_op(op).probes_module()
+    return tuple(getattr(mod, "CORRECT", CORRECT))
 
 
 def _gather(attr: str) -> list[Any]:
@@ -147,7 +153,7 @@ def run_selftest(*, device: str = "auto", only: list[str] | None = None) -> Self
             continue
         pr = ProbeResult(probe)
         # kassay's bfloat16 kernels on a CPU come back skipped (kassay.validate.interpreter)
-        correct = available_impls(probe.op, probe.correct)
+        correct = available_impls(probe.op, probe.correct or correct_impls(probe.op))
         for regime in probe.regimes:
             g = GroupSpec(
                 group_id=f"selftest-{i}-{regime}",
@@ -187,14 +193,15 @@ def _check_only(only: list[str]) -> None:
 
 
 def _run_fairness(dev: Any) -> list[CaseResult]:
-    """The fairness corpus under plain specs: correct alternatives beside torch and kassay."""
+    """The fairness corpus under plain specs: correct alternatives beside the op's correct
+    impls."""
     suites = []
     for op, params in fairness():
         impls = [i.name for i in list_impls(op, include_mutants=True) if i.kind == "alternative"]
         suites.append(
             Suite(
                 op=op,
-                impls=[*available_impls(op, CORRECT), *impls],
+                impls=[*available_impls(op, correct_impls(op)), *impls],
                 params=params,
                 timing=TimingPolicy(enabled=False),
             )
@@ -222,7 +229,7 @@ def _run_plain(dev: Any, only: list[str] | None) -> list[ProbeResult]:
         ]
         if not probes:
             continue
-        correct = available_impls(op, CORRECT)
+        correct = available_impls(op, correct_impls(op))
         spec = JobSpec(
             name=f"selftest-plain-{op}",
             suites=[

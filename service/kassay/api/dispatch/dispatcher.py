@@ -90,14 +90,6 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._stopping = False
 
-    @property
-    def links(self) -> list[WorkerLink]:
-        return self.workers.links
-
-    @links.setter
-    def links(self, links: list[WorkerLink]) -> None:
-        self.workers.links = links
-
     async def cancel_runs(self, keys: list[tuple[str, str]]) -> None:
         """Stop the runs of cancelled groups: tell their workers, then drop the streams."""
         await self.runs.cancel(self.workers.links, keys)
@@ -108,7 +100,7 @@ class Dispatcher:
         from kassay.api.worker_channel import channel_credentials
 
         self._credentials = channel_credentials(self.settings)  # TLS and the token (or None)
-        for link in self.links:
+        for link in self.workers.links:
             self._open(link)
         if self.directory.dynamic:
             await self.refresh_workers()
@@ -140,11 +132,11 @@ class Dispatcher:
     async def refresh_workers(self) -> None:
         """Resolve the DNS entries again: open links to new addresses, retire vanished ones."""
         found = await self.directory.resolve()
-        active = {link.address: link for link in self.links if not link.retired}
+        active = {link.address: link for link in self.workers.links if not link.retired}
         for address, name in found.items():
             if address not in active:
                 link = WorkerLink(address, found_by=name)
-                self.links.append(link)
+                self.workers.links.append(link)
                 if not self._stopping:
                     self._open(link)
                 log.info("worker %s found (%s)", address, name or "listed")
@@ -168,8 +160,8 @@ class Dispatcher:
 
     async def _retire(self, link: WorkerLink) -> None:
         """A retired link whose runs are over: close its channel and forget it."""
-        if link in self.links:
-            self.links.remove(link)
+        if link in self.workers.links:
+            self.workers.links.remove(link)
         if link.channel is not None:
             with contextlib.suppress(Exception):
                 await link.channel.close(grace=None)
@@ -191,7 +183,7 @@ class Dispatcher:
                 await asyncio.to_thread(
                     self.store.queue.release_group, job_id, group_id, owner=self.owner
                 )
-        for link in self.links:
+        for link in self.workers.links:
             if link.channel is not None:
                 await link.channel.close(grace=None)
 

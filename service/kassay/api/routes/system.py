@@ -55,7 +55,7 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> JSONResponse:
     body: dict[str, Any] = {
         "database": "ok",
         "workers_up": svc.dispatcher.workers.up(),
-        "workers": len(svc.dispatcher.links),
+        "workers": len(svc.dispatcher.workers.links),
     }
     ready = True
     try:
@@ -79,5 +79,5 @@ async def metrics(svc: Annotated[Services, Depends(services)]) -> Response:
     counts = await run_in_threadpool(svc.store.jobs.count_by_state)
     svc.metrics.set_database_gauges(counts, depth)
     svc.metrics.workers_up.set(svc.dispatcher.workers.up())
-    svc.metrics.workers_known.set(len(svc.dispatcher.links))
+    svc.metrics.workers_known.set(len(svc.dispatcher.workers.links))
     return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
