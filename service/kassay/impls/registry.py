@@ -6,15 +6,17 @@ when `load()` imports each op's impl modules (`Op.impl_modules`, in the op's fol
 `kassay.impls` (an entry point names a callable that takes no argument and returns an `Impl` or a
 list of them). Mutants (the self-test's known-bug corpus) and test-only impls (crash, hang, raise)
 live in the same registry under their own kinds and are hidden unless asked for. Impls of a job's
-artifacts (kind "artifact") are registered only in the sandboxed executor that loaded them
-(kassay.worker.executor.load_artifacts).
+artifacts (kind "artifact") are registered in the sandboxed impl runner that loaded them
+(kassay.worker.executor.load_artifacts), and in the trusted executor as proxies for the length
+of one group (`scoped`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal
@@ -96,6 +98,31 @@ def register(impl: Impl, *, replace: bool = False) -> Impl:
         raise ValueError(f"impl {impl.name!r} is already registered for op {impl.op!r}")
     _REGISTRY[key] = impl
     return impl
+
+
+@contextlib.contextmanager
+def scoped(impls: Iterable[Impl]) -> Iterator[dict[tuple[str, str], str]]:
+    """Register `impls` for the length of the block and remove them after (a run's artifact
+    proxies: two jobs' artifacts may use the same names). An impl whose (op, name) is already
+    taken (a built-in, a plugin, a corpus impl) is left out; the block gets {(op, name):
+    why} for those."""
+    refused: dict[tuple[str, str], str] = {}
+    added: list[tuple[str, str]] = []
+    for impl in impls:
+        key = (impl.op, impl.name)
+        if key in _REGISTRY:
+            refused[key] = (
+                f"impl {impl.name!r} of op {impl.op!r} is already taken (a built-in or plugin "
+                "of this worker); rename it"
+            )
+            continue
+        _REGISTRY[key] = impl
+        added.append(key)
+    try:
+        yield refused
+    finally:
+        for key in added:
+            _REGISTRY.pop(key, None)
 
 
 def _visible(impl: Impl, include_mutants: bool, include_testing: bool) -> bool:

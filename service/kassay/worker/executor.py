@@ -1,7 +1,6 @@
 """The executor: the child process that owns the device and runs input groups through the engine.
 
     python -m kassay.worker.executor --device cpu [--enable-test-impls] [--ceilings JSON]
-                                     [--artifact DIGEST --artifact-path DIR ... --runner-sandbox JSON]
 
 The supervisor (kassay.worker.supervisor) starts one per device and talks to it over the child's
 stdin/stdout with length-prefixed JSON objects (see `Channel`; JSON, not pickle: the worker
@@ -9,18 +8,24 @@ must be able to read what a sandboxed executor sends without running any of it);
 the child moves the protocol off fds 0/1 and points fd 1 at stderr, so whatever an impl prints
 cannot corrupt it.
 
-With --artifact-path, the executor offers the `kassay.impls` entry points of the artifacts
-unpacked in those folders (kassay.worker.artifacts) without loading them: it starts an impl
-runner inside the sandbox (--runner-sandbox: kassay.worker.sandbox's config) that loads them
-and computes their outputs, which this executor judges (kassay.worker.remote_impls). The
-supervisor starts such an executor per group with artifacts and discards it after.
+A group that names artifacts comes with its run's runner lease (kassay.worker.runner_leases:
+the artifacts' unpacked folders, the sandbox's config): the executor never loads them; it
+starts one impl runner inside the sandbox for the run (kassay.worker.remote_impls), on the
+first group that needs it, and keeps it for the run's later groups; the runner loads the
+artifacts and computes their outputs, which this executor judges. The runner ends with the
+run's last group (`end_runners`) or when the supervisor says so (`end_runner`: a cancelled
+run), and with this process.
 
 Messages, supervisor -> executor:
-    {"type": "run", "group": GroupSpec dump, "include_mutants": bool}
+    {"type": "run", "group": GroupSpec dump, "include_mutants": bool,
+     "runner": {"key", "artifacts": {digest: folder}, "sandbox": SandboxConfig JSON} | absent,
+     "end_runners": [key, ...] (after this group) | absent}
+    {"type": "end_runner", "key": str}
     {"type": "exit"}
 executor -> supervisor:
     {"type": "ready", "info": {...}}             once, after imports and device set-up
     {"type": "fatal", "error": str}              start-up failed (then exits 2)
+    {"type": "runner_starting"} | {"type": "runner_ready"}   around an impl runner's start
     {"type": "started", "case_id": str}          before each case
     {"type": "result", "result": CaseResult dump}
     {"type": "poisoned", "reason": str}          the CUDA context is unusable (then exits 3)
@@ -151,9 +156,6 @@ class Executor:
         testing: bool,
         ceilings: dict[str, float] | None,
         worker_id: str | None,
-        artifacts: list[str] | None = None,
-        artifact_paths: list[str] | None = None,
-        runner_sandbox: str | None = None,
     ) -> None:
         import torch
 
@@ -171,26 +173,14 @@ class Executor:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         load_with_corpora(testing=testing)
-        self.artifacts = list(artifacts or [])
-        artifact_errors: list[str] = []
-        self.remote = None
-        if artifact_paths:
-            # the job's code runs in its own sandboxed process, never in this one
-            if runner_sandbox is None:
-                raise RuntimeError("artifacts need --runner-sandbox: they run only in a sandbox")
-            from kassay.worker.remote_impls import RemoteImpls
-
-            workdir = str(json.loads(runner_sandbox)["workdir"])
-            self.remote = RemoteImpls(self.device, workdir, runner_sandbox, artifact_paths)
-            artifact_errors = self.remote.errors
+        #: the impl runners of the runs with artifacts, by lease key (kassay.worker.remote_impls)
+        self.runners: dict[str, Any] = {}
         # Measured once per worker: a restarted executor reuses its predecessor's figures so a
         # restart stays well under the 10 s budget.
         if ceilings is None:
             ceilings = measure_ceilings(self.device)
         self.ceilings = ceilings
         env = environment(self.device).model_copy(update={"ceilings": ceilings})
-        if self.artifacts:  # results say which code they measured
-            env = env.model_copy(update={"artifacts": self.artifacts})
         self.env = env
         total, free = _memory(self.device)
         self.info = {
@@ -202,8 +192,6 @@ class Executor:
             "environment": env.model_dump(),
             "ceilings": ceilings,
             "ops": describe_ops(self.device, include_testing=testing),
-            "artifacts": self.artifacts,
-            "artifact_errors": artifact_errors,
         }
 
     def _poisoned(self, message: str) -> str | None:
@@ -217,20 +205,78 @@ class Executor:
             return message
         return None
 
+    def _runner(self, lease: dict[str, Any]) -> Any:
+        """The impl runner of a run's lease, started on first use."""
+        key = str(lease["key"])
+        if key not in self.runners:
+            from kassay.worker.remote_impls import RemoteImpls
+
+            # its start (Python, torch, the artifacts' imports) runs on the start-up clock,
+            # not on a case's
+            self.chan.send({"type": "runner_starting"})
+
+            config = str(lease["sandbox"])
+            paths = {str(d): str(p) for d, p in dict(lease["artifacts"]).items()}
+            self.runners[key] = RemoteImpls(
+                self.device,
+                str(json.loads(config)["workdir"]),
+                config,
+                list(paths.values()),
+                label="artifacts " + ", ".join(d[:12] for d in paths),
+            )
+            self.chan.send({"type": "runner_ready"})
+        return self.runners[key]
+
+    def end_runner(self, key: str) -> None:
+        runner = self.runners.pop(key, None)
+        if runner is not None:
+            runner.close()
+
     def run(self, msg: dict[str, Any]) -> None:
+        from kassay.impls.registry import scoped
         from kassay.validate.spec import GroupSpec
 
         group = GroupSpec.model_validate(msg["group"])
+        runner = None
+        try:
+            if group.artifacts:
+                # the job's code runs in its own sandboxed process, never in this one
+                try:
+                    runner = self._runner(msg["runner"])
+                except (KeyError, TypeError, ValueError) as exc:
+                    self.chan.send(
+                        {"type": "group_error", "error": f"no usable runner lease: {exc!r}"}
+                    )
+                    return
+            with scoped(runner.impls if runner is not None else []) as refused:
+                self._run_group(group, msg, runner, refused)
+        finally:
+            for key in msg.get("end_runners") or []:
+                self.end_runner(str(key))
+
+    def _run_group(
+        self,
+        group: Any,
+        msg: dict[str, Any],
+        runner: Any,
+        refused: dict[tuple[str, str], str],
+    ) -> None:
+        include_mutants = bool(msg.get("include_mutants"))
+        missing = {}
+        if runner is not None:
+            missing = self._missing_impls(group, runner, refused, include_mutants)
+            if group.baseline in missing:  # nothing can be judged without the baseline
+                missing = {name: missing[group.baseline] for name in group.impls}
 
         def on_start(case_id: str) -> None:
             self.chan.send({"type": "started", "case_id": case_id})
 
         def on_result(result: Any) -> None:
-            if self.artifacts and result.environment is not None:
-                extra: dict[str, Any] = {"artifacts": self.artifacts}
-                if result.ran_in == "sandbox" and self.remote is not None:
+            if group.artifacts and result.environment is not None:
+                extra: dict[str, Any] = {"artifacts": list(group.artifacts)}
+                if result.ran_in == "sandbox" and runner is not None:
                     # how its tensors crossed (kassay.worker.tensor_exchange)
-                    extra["tensor_transport"] = self.remote.exchange.name
+                    extra["tensor_transport"] = runner.exchange.name
                 result.environment = result.environment.model_copy(update=extra)
             self.chan.send({"type": "result", "result": result.model_dump()})
             reason = self._poisoned(result.message if result.status == "error" else "")
@@ -238,11 +284,31 @@ class Executor:
                 self.chan.send({"type": "poisoned", "reason": reason})
                 os._exit(POISONED_EXIT_CODE)
 
+        if missing:
+            from kassay.validate.case_result import case_result
+
+            env = self.env.model_copy(update={"artifacts": list(group.artifacts)})
+            for name, why in missing.items():
+                on_result(
+                    case_result(
+                        group,
+                        name,
+                        "error",
+                        why,
+                        worker=self.worker_id,
+                        device=str(self.device),
+                        environment=env,
+                    )
+                )
+        rest = [n for n in group.impls if n not in missing]
+        if not rest:
+            self.chan.send({"type": "group_done"})
+            return
         try:
             self.engine.run_group(
-                group,
+                group.model_copy(update={"impls": rest}),
                 device=self.device,
-                include_mutants=bool(msg.get("include_mutants")),
+                include_mutants=include_mutants,
                 include_testing=self.testing,
                 on_start=on_start,
                 on_result=on_result,
@@ -260,6 +326,44 @@ class Executor:
                 os._exit(POISONED_EXIT_CODE)
         else:
             self.chan.send({"type": "group_done"})
+
+    def _missing_impls(
+        self,
+        group: Any,
+        runner: Any,
+        refused: dict[tuple[str, str], str],
+        include_mutants: bool,
+    ) -> dict[str, str]:
+        """{impl: why} for the impls (and the baseline) a group with artifacts names that
+        neither this worker nor the artifacts provide: each fails alone, saying why in the
+        words of the artifacts' own error."""
+        from kassay.impls import list_impls
+
+        found = [
+            i.name
+            for i in list_impls(
+                group.op, include_mutants=include_mutants, include_testing=self.testing
+            )
+        ]
+        missing: dict[str, str] = {}
+        for name in dict.fromkeys([*group.impls, group.baseline]):
+            if name in found and (group.op, name) not in refused:
+                continue
+            if (group.op, name) in refused:
+                why = f"impl {name!r} of {runner.label} not loaded: {refused[(group.op, name)]}"
+            elif runner.start_error is not None:
+                why = (
+                    f"impl {name!r} not available: the impl runner of {runner.label} did not "
+                    f"start: {runner.start_error}"
+                )
+            else:
+                why = (
+                    f"unknown impl {name!r} for op {group.op!r} after loading {runner.label}"
+                    + (f": not loaded: {'; '.join(runner.errors)}" if runner.errors else "")
+                    + f"; impls found: {', '.join(found) or '(none)'}"
+                )
+            missing[name] = why[:4000]
+        return missing
 
 
 def load_artifacts(paths: list[str]) -> list[str]:
@@ -331,13 +435,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--enable-test-impls", action="store_true")
     parser.add_argument("--ceilings", default=None, help="JSON of already measured ceilings")
     parser.add_argument("--worker-id", default=None)
-    parser.add_argument("--artifact", action="append", default=[], help="digest (repeat)")
-    parser.add_argument(
-        "--artifact-path", action="append", default=[], help="an artifact's unpacked folder"
-    )
-    parser.add_argument(
-        "--runner-sandbox", default=None, help="the sandbox config of the artifacts' runner"
-    )
     args = parser.parse_args(argv)
     _die_with_parent()
     if wants_interpreter(args.device):
@@ -353,9 +450,6 @@ def main(argv: list[str] | None = None) -> int:
             testing=args.enable_test_impls,
             ceilings=json.loads(args.ceilings) if args.ceilings else None,
             worker_id=args.worker_id,
-            artifacts=args.artifact,
-            artifact_paths=args.artifact_path,
-            runner_sandbox=args.runner_sandbox,
         )
     except Exception as exc:
         traceback.print_exc()
@@ -365,11 +459,13 @@ def main(argv: list[str] | None = None) -> int:
     while True:
         msg = chan.recv()
         if msg is None or msg.get("type") == "exit":
-            if ex.remote is not None:
-                ex.remote.close()
+            for key in list(ex.runners):
+                ex.end_runner(key)
             return 0
         if msg.get("type") == "run":
             ex.run(msg)
+        elif msg.get("type") == "end_runner":
+            ex.end_runner(str(msg.get("key")))
 
 
 if __name__ == "__main__":

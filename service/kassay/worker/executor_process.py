@@ -3,8 +3,7 @@ on a device, the framed messages over its pipes (length-prefixed JSON, see
 kassay.worker.channel), its stderr (forwarded, and its last lines kept for crash
 reports), and its end (asked to exit, or killed with everything it started).
 
-An executor for a job's artifacts is started inside the sandbox (kassay.worker.sandbox); a
-message that breaks the protocol (not JSON, too large) counts as the executor's death: it is
+A message that breaks the protocol (not JSON, too large) counts as the executor's death: it is
 killed and the running case reported `crashed`.
 """
 
@@ -24,7 +23,6 @@ from typing import Any
 from kassay.validate.spec import GroupSpec
 from kassay.worker.channel import Channel, ProtocolError
 from kassay.worker.executor import wants_interpreter
-from kassay.worker.sandbox import SandboxConfig
 
 STDERR_TAIL_LINES = 30
 
@@ -83,11 +81,8 @@ class ExecutorProcess:
         testing: bool,
         ceilings: dict[str, float] | None,
         worker_id: str,
-        sandbox: SandboxConfig | None = None,
-        artifacts: dict[str, str] | None = None,
     ) -> ExecutorProcess:
-        """Start an executor; with `sandbox`, one whose `artifacts` (digest -> unpacked folder)
-        run in an impl runner confined by it (see kassay.worker.sandbox)."""
+        """Start an executor."""
         args = [
             sys.executable,
             "-m",
@@ -101,12 +96,6 @@ class ExecutorProcess:
             args.append("--enable-test-impls")
         if ceilings:
             args += ["--ceilings", json.dumps(ceilings)]
-        if sandbox is not None:
-            # the executor stays trusted (it judges); it runs the artifacts' code in an impl
-            # runner it starts inside the sandbox (kassay.worker.remote_impls)
-            for digest, path in (artifacts or {}).items():
-                args += ["--artifact", digest, "--artifact-path", path]
-            args += ["--runner-sandbox", sandbox.to_json()]
         env = dict(os.environ)
         if wants_interpreter(device):
             env["TRITON_INTERPRET"] = "1"
@@ -196,11 +185,26 @@ class ExecutorProcess:
             return False
         return True
 
-    def send_run(self, group: GroupSpec, *, include_mutants: bool) -> bool:
-        """Ask the executor to run `group`; False when its pipe is closed."""
-        return self.send(
-            {"type": "run", "group": group.model_dump(), "include_mutants": include_mutants}
-        )
+    def send_run(
+        self,
+        group: GroupSpec,
+        *,
+        include_mutants: bool,
+        runner: dict[str, Any] | None = None,
+        end_runners: list[str] | None = None,
+    ) -> bool:
+        """Ask the executor to run `group` (with its run's runner lease, for a group with
+        artifacts, and the runners to end after it); False when its pipe is closed."""
+        msg: dict[str, Any] = {
+            "type": "run",
+            "group": group.model_dump(),
+            "include_mutants": include_mutants,
+        }
+        if runner is not None:
+            msg["runner"] = runner
+        if end_runners:
+            msg["end_runners"] = end_runners
+        return self.send(msg)
 
     async def kill(self) -> int:
         """SIGKILL the executor (and anything it started in its session) and reap it."""

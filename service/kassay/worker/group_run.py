@@ -5,8 +5,9 @@ executor and follows its messages: a case starts, a case's result arrives, the g
 whole, the group is done. What the executor cannot report is reported here: a case that outlives
 its timeout (`timeout`), an executor that dies (`crashed`, with its exit and its last stderr
 lines), a group whose inputs or reference failed (`error`). After a crash or a timeout the next
-attempt, on a fresh executor, goes on with the impls not yet run. A group that names artifacts
-runs on sandboxed executors of its own (kassay.worker.executor_source), discarded at its end.
+attempt, on a fresh executor, goes on with the impls not yet run. A group that names artifacts runs on the
+same executor, with its run's runner lease (kassay.worker.runner_leases): the executor runs the
+artifacts' impls in the run's sandboxed impl runner, ended after the run's last group.
 """
 
 from __future__ import annotations
@@ -21,13 +22,7 @@ from kassay.validate.case_result import case_result
 from kassay.validate.results import CaseResult, Environment, Status
 from kassay.validate.spec import GroupSpec, case_id
 from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError, describe_exit
-from kassay.worker.executor_source import (
-    ExecutorHost,
-    ExecutorSource,
-    GroupRefused,
-    SandboxedExecutor,
-    SharedExecutor,
-)
+from kassay.worker.runner_leases import GroupRefused, RunnerLeases
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +52,17 @@ class RunHandle:
     groups: list[str] = field(default_factory=list)
 
 
-class RunHost(ExecutorHost, Protocol):
-    """What a running group needs of the supervisor beyond its executors: the worker's id and
-    case timeout, the state it shows in Describe, whether to stop (cancel, drain)."""
+class RunHost(Protocol):
+    """What a running group needs of the supervisor: its executor, the runner leases of code
+    jobs, the worker's id, case and start-up timeouts, the state it shows in Describe, whether
+    to stop (cancel, drain)."""
 
     worker_id: str
     device: str
     info: dict[str, Any]
     case_timeout_s: float
+    start_timeout_s: float
+    runners: RunnerLeases
     current_group: str | None
     current_case: str | None
     draining: bool
@@ -74,6 +72,10 @@ class RunHost(ExecutorHost, Protocol):
     def environment(self) -> Environment | None: ...
 
     def stop_reason(self, run: RunHandle) -> str | None: ...
+
+    async def ensure_executor(self) -> ExecutorProcess: ...
+
+    async def lose_executor(self, exe: ExecutorProcess, *, kill: bool) -> int: ...
 
     async def mark_busy(self) -> None: ...
 
@@ -107,11 +109,6 @@ class GroupRun:
         self.current: str | None = None
         self.started_at = self.t0
         self.deadline = self.t0 + self.timeout
-        self.source: ExecutorSource = (
-            SandboxedExecutor(sup, item.group, include_mutants=item.run.include_mutants)
-            if item.group.artifacts
-            else SharedExecutor(sup)
-        )
 
     # --------------------------------------------------------------------------- the group
 
@@ -120,16 +117,13 @@ class GroupRun:
         were left without a result ('' when every impl has one)."""
         self.sup.current_group = self.group.group_id
         not_run_reason = ""
-        try:
-            while self.remaining:
-                reason = self.sup.stop_reason(self.run)
-                if reason is not None:
-                    not_run_reason = reason
-                    break
-                if not await self._attempt():
-                    break
-        finally:
-            await self.source.close()
+        while self.remaining:
+            reason = self.sup.stop_reason(self.run)
+            if reason is not None:
+                not_run_reason = reason
+                break
+            if not await self._attempt():
+                break
         if self.remaining and not not_run_reason:
             not_run_reason = self.sup.stop_reason(self.run) or "not run"
         return not_run_reason
@@ -141,8 +135,12 @@ class GroupRun:
     async def _attempt(self) -> bool:
         """Send the impls not yet run to the executor and follow them until the attempt ends.
         False when no executor can be had (the impls left are then reported `error`)."""
+        runner: dict[str, Any] | None = None
         try:
-            exe = await self.source.acquire()
+            if self.group.artifacts:
+                lease = await self.sup.runners.lease(self.run.run_id, list(self.group.artifacts))
+                runner = lease.message()
+            exe = await self.sup.ensure_executor()
         except ExecutorStartError as exc:
             self._report_remaining("error", f"executor unavailable: {exc}")
             return False
@@ -155,8 +153,12 @@ class GroupRun:
         if self.sup.stop_reason(self.run):
             return True  # execute() sees the reason and stops
         sub = self.group.model_copy(update={"impls": list(self.remaining)})
-        if not exe.send_run(sub, include_mutants=self.run.include_mutants):
-            await self.source.lose(exe, kill=True)
+        # the run's last group ends its impl runners when it is done
+        last = self.sup.runners.of_run(self.run.run_id) if self.run.pending <= 1 else []
+        if not exe.send_run(
+            sub, include_mutants=self.run.include_mutants, runner=runner, end_runners=last
+        ):
+            await self.sup.lose_executor(exe, kill=True)
             return True
         await self.sup.mark_busy()
         await self._follow(exe)
@@ -198,13 +200,13 @@ class GroupRun:
             return False
         if self.current is not None and not self.run.cancelled:
             return False  # draining: the running case may finish
-        await self.source.lose(exe, kill=True)
+        await self.sup.lose_executor(exe, kill=True)
         return True
 
     async def _on_timeout(self, exe: ExecutorProcess, now: float) -> None:
         """The running case (or the group's preparation) outlived the timeout: kill the
         executor and report it (or every impl left) `timeout`."""
-        await self.source.lose(exe, kill=True)
+        await self.sup.lose_executor(exe, kill=True)
         if self.current is not None:
             self._report_synthetic(
                 self.current,
@@ -226,7 +228,7 @@ class GroupRun:
         executor said its CUDA context was poisoned after a result) `crashed`."""
         poisoned = exe.poisoned
         broke = exe.protocol_error
-        rc = await self.source.lose(exe, kill=broke is not None)
+        rc = await self.sup.lose_executor(exe, kill=broke is not None)
         died = (
             f"the executor broke the protocol ({broke}) and was killed"
             if broke
@@ -244,7 +246,11 @@ class GroupRun:
         """One message of the executor (see kassay.worker.executor). True when the attempt
         ends with it."""
         mtype = msg.get("type")
-        if mtype == "started":
+        if mtype == "runner_starting":  # the impl runner's start runs on the start-up clock
+            self.started_at, self.deadline = now, now + self.sup.start_timeout_s
+        elif mtype == "runner_ready":
+            self._restart_clock(now)
+        elif mtype == "started":
             self._case_started(str(msg.get("case_id")), now)
         elif mtype == "result":
             return await self._case_finished(exe, msg.get("result") or {}, now)
@@ -292,7 +298,7 @@ class GroupRun:
         self.current = self.sup.current_case = None
         self._restart_clock(now)
         if self.remaining and self.sup.stop_reason(self.run) is not None:
-            await self.source.lose(exe, kill=True)
+            await self.sup.lose_executor(exe, kill=True)
             return True
         return False
 

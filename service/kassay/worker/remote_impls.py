@@ -1,11 +1,12 @@
 """The trusted executor's side of code a job brings: a sandboxed impl runner and its proxies.
 
-The executor of a group with artifacts is trusted (it makes the inputs and the float64
-reference, runs the built-in impls and judges every output). It starts the impl runner
-(kassay.worker.impl_runner) inside the sandbox (kassay.worker.sandbox), which loads the
-artifacts; each artifact impl the runner reports is registered here as a proxy (kind
-`artifact`, `Impl.remote`), so the engine asks the runner for that impl's outputs, timing and
-memory and judges what comes back. Only JSON (kassay.worker.channel) and raw tensors
+The device's executor is trusted (it makes the inputs and the float64 reference, runs the
+built-in impls and judges every output). For a run (a job's share of this worker) that brings
+artifacts it starts one impl runner (kassay.worker.impl_runner) inside the sandbox
+(kassay.worker.sandbox), which loads the artifacts and serves every group of that run; each
+artifact impl the runner reports becomes a proxy (kind `artifact`, `Impl.remote`), registered
+for the length of one group (kassay.impls.registry.scoped), so the engine asks the runner for
+that impl's outputs, timing and memory and judges what comes back. Only JSON (kassay.worker.channel) and raw tensors
 cross: nothing the runner sends is executed or unpickled
 here, and nothing it does can reach this process's engine, registry or torch.
 
@@ -18,14 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+from collections import deque
 from typing import Any
 
 import torch
 
-from kassay.impls.registry import Impl, RemoteRun, register
+from kassay.impls.registry import Impl, RemoteRun
 from kassay.worker import cuda_ipc
 from kassay.worker.channel import Channel, ProtocolError
 from kassay.worker.tensor_exchange import (
@@ -39,6 +44,11 @@ from kassay.worker.tensor_exchange import (
 #: are as large as its inputs, lse_merge's outputs smaller
 OUTPUT_FACTOR = 8
 OUTPUT_SLACK = 64 << 20
+#: a runner that died this many times (each a crashed case) is not started again for its run:
+#: the rest of its impls' cases fail at once instead of paying a start each
+MAX_RUNNER_DEATHS = 3
+#: the runner's last stderr lines kept to say why it did not start
+STDERR_TAIL_LINES = 60
 
 
 class RunnerGone(RuntimeError):
@@ -49,10 +59,18 @@ class RemoteImpls:
     """One sandboxed impl runner and the proxies of its impls."""
 
     def __init__(
-        self, device: torch.device, workdir: str, sandbox_json: str, artifact_paths: list[str]
+        self,
+        device: torch.device,
+        workdir: str,
+        sandbox_json: str,
+        artifact_paths: list[str],
+        *,
+        label: str = "",
     ) -> None:
         self.device = device
         self.workdir = workdir
+        #: how messages name this runner's code ("artifacts 0123abcd4567, ...")
+        self.label = label or "the job's artifacts"
         config = json.loads(sandbox_json)
         # the runner reads its artifacts and nothing of the service (kassay.worker.sandbox)
         config["readable"] = [*config.get("readable", []), *artifact_paths]
@@ -88,44 +106,75 @@ class RemoteImpls:
         for path in artifact_paths:
             self.args += ["--artifact-path", path]
         self.impls: list[Impl] = []
+        self.errors: list[str] = []
+        #: why the runner could not start (then it has no impls), else None
+        self.start_error: str | None = None
+        self.deaths = 0
         self._n = 0
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.alive = False
         try:
             hello = self._start()
         except (RunnerGone, OSError) as exc:
             # the artifacts' code broke at import: their impls are missing (a group naming one
             # says why), the built-ins beside them still run
-            self.errors = [f"the artifacts' impl runner did not start: {exc}"]
+            self.start_error = self._why_not_started(exc)
+            self.kill()
             return
         self.errors = [str(e)[:2000] for e in hello.get("artifact_errors") or []][:64]
         for item in hello.get("impls") or []:
-            op, name = str(item.get("op", "")), str(item.get("name", ""))
-            impl = Impl(
-                op,
-                name,
-                _not_here,
-                str(item.get("description", ""))[:500],
-                kind="artifact",
-                nondeterministic=bool(item.get("nondeterministic")),
-                remote=self._caller(op, name),
+            op, name = str(item.get("op", ""))[:100], str(item.get("name", ""))[:100]
+            self.impls.append(
+                Impl(
+                    op,
+                    name,
+                    _not_here,
+                    str(item.get("description", ""))[:500],
+                    kind="artifact",
+                    nondeterministic=bool(item.get("nondeterministic")),
+                    remote=self._caller(op, name),
+                )
             )
-            try:
-                register(impl, replace=False)
-            except ValueError as exc:  # a name already taken here (the runner refuses it too)
-                self.errors.append(str(exc))
-                continue
-            self.impls.append(impl)
+
+    def _why_not_started(self, exc: BaseException) -> str:
+        """The runner's own first error (its stderr's exception line), else how it ended."""
+        self._drain_stderr()
+        first = exception_line(list(self.stderr_tail))
+        how = str(exc).removeprefix("the impl runner did not start: ")
+        return f"{first} ({how})" if first and first not in how else how
 
     def _start(self) -> dict[str, Any]:
         """Start the runner; its hello (the impls it loaded)."""
-        # stderr is the executor's: the supervisor forwards it to the worker's log
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         assert self.proc.stdin is not None and self.proc.stdout is not None
+        # its stderr goes on to the executor's (the supervisor forwards that to the worker's
+        # log); its last lines stay here, to say why it did not start
+        self.stderr_tail.clear()
+        self._stderr = threading.Thread(
+            target=self._pump_stderr, args=(self.proc.stderr,), daemon=True
+        )
+        self._stderr.start()
         self.chan = Channel(self.proc.stdout, self.proc.stdin)  # type: ignore[arg-type]
         self.alive = True
         hello = self._recv()
         if hello.get("type") != "ready":
             raise RunnerGone(f"the impl runner did not start: {hello.get('error', hello)}")
         return hello
+
+    def _pump_stderr(self, stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")[:2000]
+            self.stderr_tail.append(line)
+            with contextlib.suppress(Exception):
+                sys.stderr.write(f"[impl runner] {line}\n")
+                sys.stderr.flush()
+
+    def _drain_stderr(self) -> None:
+        thread = getattr(self, "_stderr", None)
+        if thread is not None:
+            thread.join(timeout=2.0)
 
     def _recv(self) -> dict[str, Any]:
         try:
@@ -197,6 +246,12 @@ class RemoteImpls:
         as crashed and started afresh for the next case."""
         try:
             if not self.alive:
+                if self.deaths >= MAX_RUNNER_DEATHS:
+                    return RemoteRun(
+                        error=f"the impl runner of {self.label} died {self.deaths} times in "
+                        "this job and is not started again",
+                        crashed=True,
+                    )
                 self._start()
             msg = self._ask(op, name, inputs, params, timing, capture_key)
             if msg.get("type") == "transport" and self.exchange is not self.files:
@@ -240,23 +295,68 @@ class RemoteImpls:
             )
         except (RunnerGone, OSError) as exc:
             self.kill()
+            self.deaths += 1
             return RemoteRun(error=str(exc), crashed=True)
 
     def kill(self) -> None:
         self.alive = False
+        proc = getattr(self, "proc", None)
+        if proc is None:
+            return
         with contextlib.suppress(OSError):
-            self.proc.kill()
+            proc.kill()
         with contextlib.suppress(Exception):
-            self.proc.wait(timeout=5)
+            proc.wait(timeout=5)
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.chan.send({"type": "exit"})
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        """End the runner (asked to exit; killed after 5 s) and its tensor exchange."""
+        proc = getattr(self, "proc", None)
+        if proc is not None and self.alive:
+            with contextlib.suppress(Exception):
+                self.chan.send({"type": "exit"})
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.kill()
         self.exchange.close()
+        if self.files is not self.exchange:
+            self.files.close()
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_PATH = re.compile(r"/[^\s'\",:()\[\]]+")
+
+
+def exception_line(lines: list[str], limit: int = 500) -> str:
+    """The first error a process's stderr tells: the exception line that ends its first
+    traceback (else its last line that names an error), with host paths cut to the package's
+    own part (`short_path`), at most `limit` characters; '' when there is none."""
+    lines = [ln.rstrip() for ln in lines if ln.strip()]
+    found = ""
+    for i, line in enumerate(lines):
+        if line.startswith(_TRACEBACK):
+            found = next((ln for ln in lines[i + 1 :] if not ln.startswith(" ")), "")
+            break
+    if not found:
+        found = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), "")
+    return _PATH.sub(lambda m: short_path(m.group(0)), found.strip())[:limit]
+
+
+def short_path(path: str) -> str:
+    """A host path as the package's own part: from the top-level package folder down
+    (`kassay/__init__.py`), or after site-packages; any other path keeps its last part."""
+    parts = path.split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            return "/".join(parts[parts.index(marker) + 1 :]) or path
+    folder = os.path.dirname(path)
+    top = None
+    while folder not in ("", "/") and os.path.isfile(os.path.join(folder, "__init__.py")):
+        top, folder = folder, os.path.dirname(folder)
+    if top is not None:
+        return os.path.relpath(path, os.path.dirname(top))
+    return ".../" + parts[-1] if len(parts) > 2 else path
 
 
 def _not_here(_inputs: Any, _params: Any) -> Any:

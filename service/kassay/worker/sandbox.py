@@ -330,15 +330,79 @@ _SYSTEM_READABLE = (
 
 def python_readable() -> list[str]:
     """What this Python needs to read: its installation (prefixes, the real executable's
-    folder) and every folder on sys.path except the current directory (the worker's, where a
-    service may keep its data)."""
+    folder), every folder on sys.path except the current directory (the worker's, where a
+    service may keep its data), and wherever the installed packages really are
+    (`installed_code()`: an editable install's source folder is on no sys.path entry)."""
     cwd = os.path.realpath(os.getcwd())
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     paths.add(os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))))
     for entry in sys.path:
         if entry and os.path.exists(entry) and os.path.realpath(entry) != cwd:
             paths.add(entry)
-    return sorted(os.path.realpath(p) for p in paths if p)
+    paths.update(installed_code(cwd))
+    real = sorted({os.path.realpath(p) for p in paths if p})
+    # one rule per tree: what lies beneath a folder already readable needs none of its own
+    kept: list[str] = []
+    for path in real:
+        if not any(path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def _top_level_names(dist: Any) -> set[str]:
+    """The import names a distribution provides: its top_level.txt, else the first parts of
+    the files it installed, plus the modules its entry points name (a plugin's, whatever
+    backend built it)."""
+    names: set[str] = set()
+    top = dist.read_text("top_level.txt")
+    if top:
+        names.update(top.split())
+    else:
+        for f in dist.files or []:
+            parts = f.parts
+            if not parts or parts[0] in ("..", "__pycache__") or parts[0].endswith(".dist-info"):
+                continue
+            if len(parts) > 1:
+                names.add(parts[0])
+            elif parts[0].endswith(".py"):
+                names.add(parts[0][:-3])
+    for ep in dist.entry_points:
+        names.add(ep.module.split(".")[0])
+    return {n for n in names if n.isidentifier()}
+
+
+def installed_code(cwd: str) -> set[str]:
+    """Where the installed distributions' top-level packages and modules are, as the import
+    system finds them (editable finders and .pth hooks resolved): each package's own folder
+    (or a module's file), never its parent. What only the current directory provides is left
+    out: `python -m` puts it first on sys.path, and it is the service's, not an install."""
+    from importlib import metadata, util
+
+    names: set[str] = set()
+    for dist in metadata.distributions():
+        try:
+            names |= _top_level_names(dist)
+        except Exception:  # a broken dist-info must not keep the sandbox from starting
+            continue
+    found: set[str] = set()
+    for name in names:
+        try:
+            spec = util.find_spec(name)
+        except Exception:  # an import hook that raises: nothing to add for it
+            continue
+        if spec is None:
+            continue
+        if spec.submodule_search_locations:
+            where = [str(p) for p in spec.submodule_search_locations]
+        elif spec.has_location and spec.origin:
+            where = [spec.origin]
+        else:
+            continue
+        for path in where:
+            real = os.path.realpath(path)
+            if os.path.dirname(real) != cwd and real != cwd and os.path.exists(real):
+                found.add(real)
+    return found
 
 
 def apply_landlock(writable: list[str], abi: int, readable: list[str] | None = None) -> None:

@@ -10,9 +10,10 @@ executor is restarted); draining on shutdown lets the running case finish. Eithe
 that did not run are handed back as not run.
 
 The executor process and its messages are kassay.worker.executor_process; the steps that follow
-one group's cases on it are kassay.worker.group_run. A group that names artifacts runs on
-sandboxed executors of its own instead (kassay.worker.executor_source, kassay.worker.sandbox),
-from the artifact cache (kassay.worker.artifacts).
+one group's cases on it are kassay.worker.group_run. A group that names artifacts runs on the
+same executor, whose sandboxed impl runner for the run (kassay.worker.remote_impls) gets what
+the run's lease holds (kassay.worker.runner_leases: the artifacts installed from the cache, a
+working directory and a user of its own); the lease ends with the run.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from kassay.worker.executor_process import (
     summarize_stderr,
 )
 from kassay.worker.group_run import GroupRun, QueuedGroup, RunHandle, RunSink
+from kassay.worker.runner_leases import RunnerLeases
 from kassay.worker.sandbox import Capabilities, SandboxConfig
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,8 @@ class Supervisor:
         self.sandbox_caps: Capabilities | None = None
         #: offsets from sandbox_config.uid held by running sandboxes (one user each)
         self.sandbox_uids: set[int] = set()
+        #: what the impl runners of code jobs are lent, per run
+        self.runners = RunnerLeases(self)
         self.state = State.STARTING
         self.info: dict[str, Any] = {}
         self.ceilings: dict[str, float] | None = None
@@ -140,6 +144,7 @@ class Supervisor:
             self._executor = None
         for item in self._drain_queue():
             self._hand_back(item, "worker shutting down")
+        self.runners.release_all()
         self.state = State.STOPPED
 
     # ------------------------------------------------------------------------------ queries
@@ -206,6 +211,10 @@ class Supervisor:
 
     def _finish_run(self, run: RunHandle) -> None:
         self._runs.pop(run.run_id, None)
+        # the run's impl runners end with it (after its last group, or now: a cancelled run)
+        for key in self.runners.release_run(run.run_id):
+            if self._executor is not None and self._executor.returncode is None:
+                self._executor.send({"type": "end_runner", "key": key})
         run.sink.finished()
 
     def _group_done(
@@ -256,15 +265,13 @@ class Supervisor:
             return {"artifacts": False, "notes": ["this worker runs no artifacts"]}
         return {"artifacts": True, **self.sandbox_caps.describe(self.sandbox_config)}
 
-    async def spawn_ready(self, **extra: Any) -> tuple[ExecutorProcess, dict[str, Any]]:
-        """Start an executor (`extra`: ExecutorProcess.spawn's sandbox arguments) and wait for
-        its ready message: (executor, what it reported)."""
+    async def spawn_ready(self) -> tuple[ExecutorProcess, dict[str, Any]]:
+        """Start an executor and wait for its ready message: (executor, what it reported)."""
         exe = await ExecutorProcess.spawn(
             device=self.device,
             testing=self.enable_test_impls,
             ceilings=self.ceilings,
             worker_id=self.worker_id,
-            **extra,
         )
         try:
             msg = await asyncio.wait_for(exe.recv(), self.start_timeout_s)
