@@ -1,12 +1,12 @@
 """Real processes on free loopback ports: CPU workers (`kassay worker ... --enable-test-impls`)
-and the API (`kassay api`) over a real SQLite file, talked to through the SDK."""
+and the API (`kassay api`) over a real SQLite file, talked to through the SDK. Every process is
+the installed console script in a user's environment (tests/users.py), working in the test's
+own folder."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from users import KASSAY, user_env
 
 from kassay.ports import free_port
 
@@ -25,14 +26,7 @@ CASE_TIMEOUT_S = 6.0
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ)
-    paths = [str(ROOT / "service"), str(ROOT / "client")]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.setdefault("TRITON_INTERPRET", "1")
-    env.update(extra or {})
-    return env
+    return user_env(extra)
 
 
 @dataclass
@@ -49,7 +43,7 @@ class Proc:
     def start(self) -> Proc:
         with open(self.log, "ab") as fh:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "kassay.cli", *self.args],
+                [*KASSAY, *self.args],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -262,7 +256,7 @@ class Procs:
 
     @staticmethod
     def env(extra: dict[str, str] | None = None) -> dict[str, str]:
-        """The environment the started processes get (source paths, Triton's interpreter)."""
+        """The environment the started processes get (a user's: tests/users.py)."""
         return _env(extra)
 
 

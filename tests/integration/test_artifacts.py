@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from users import KASSAY, user_env
 
 from kassay.settings import Settings
 from kassay_client import Client
@@ -263,15 +264,11 @@ def test_a_wheel_built_here_runs_next_to_torch(code_stack: CodeStack) -> None:
     spec_path.write_text(yaml.safe_dump(spec))
     junit, md = code_stack.tmp / "byok.xml", code_stack.tmp / "byok.md"
     reports = ["--artifact", str(code_stack.wheel), "--junit", str(junit), "--markdown", str(md)]
-    env = {
-        **os.environ,
-        "KASSAY_SERVER": code_stack.url,
-        "KASSAY_TOKEN": CODE_TOKEN,
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "service"), str(ROOT / "client")]),
-    }
+    env = user_env({"KASSAY_SERVER": code_stack.url, "KASSAY_TOKEN": CODE_TOKEN})
     done = subprocess.run(
-        [sys.executable, "-m", "kassay.cli", "submit", str(spec_path), "--quiet", *reports],
+        [*KASSAY, "submit", str(spec_path), "--quiet", *reports],
         env=env,
+        cwd=code_stack.tmp,
         capture_output=True,
         text=True,
         timeout=300,
@@ -409,32 +406,38 @@ def test_hostile_artifacts_fail_only_their_own_cases(code_stack: CodeStack) -> N
     assert _sandbox_processes() == []
 
 
-def test_each_group_gets_a_fresh_working_directory_removed_when_it_ends(
+def test_each_job_gets_a_fresh_working_directory_removed_when_it_ends(
     code_stack: CodeStack,
 ) -> None:
-    """Two groups of one code job: each runs in a working directory of its own (its HOME too)
-    that no other group wrote in, and neither is left once the job is over. The module is
-    padded past 2 MiB, so it reaches the worker in several PutArtifact chunks."""
+    """#42: one impl runner serves all the groups of a job: they share its working directory
+    (its HOME too), which no other job wrote in and which is gone once the job is over. The
+    module is padded past 2 MiB, so it reaches the worker in several PutArtifact chunks."""
     module = code_stack.tmp / "kassay_where.py"
     module.write_text(WHERE + "#" * 2_500_000 + "\n")
     shm = Path("/dev/shm")
     exchanges_before = set(shm.glob("kassay-sandbox-*")) if shm.is_dir() else set()
+    seen: dict[str, list[tuple[str, str]]] = {}
     with code_stack.client() as kc:
         digest = kc.artifacts.upload(module).digest
-        spec = _spec(["torch", "w_where"], [digest], K=[2, 3])
-        job = kc.jobs.wait(kc.jobs.create(spec).id, timeout=180)
-        report = kc.jobs.report(job.id)
-    where = [c.message for c in report.cases if c.impl == "w_where"]
-    assert len(where) == 2 and all(c.status == "passed" for c in report.cases if c.impl == "torch")
-    seen = []
-    for message in where:
-        found = re.search(r"cwd=(\S+) home=(\S+) before=(\[.*?\])", message)
-        assert found, message
-        cwd, home, before = found.group(1), found.group(2), found.group(3)
-        assert cwd == home and "marker.txt" not in before, message
-        seen.append(cwd)
-    assert len(set(seen)) == 2, seen
-    assert not [d for d in seen if Path(d).exists()], "a working directory outlived its group"
+        for job_name in ("first", "second"):
+            spec = _spec(["torch", "w_where"], [digest], K=[2, 3])
+            job = kc.jobs.wait(kc.jobs.create(spec).id, timeout=180)
+            report = kc.jobs.report(job.id)
+            assert all(c.status == "passed" for c in report.cases if c.impl == "torch")
+            for case in report.cases:
+                if case.impl != "w_where":
+                    continue
+                found = re.search(r"cwd=(\S+) home=(\S+) before=(\[.*?\])", case.message)
+                assert found, case.message
+                assert found.group(1) == found.group(2), case.message
+                seen.setdefault(job_name, []).append((found.group(1), found.group(3)))
+    for job_name, where in seen.items():
+        assert len(where) == 2 and len({cwd for cwd, _ in where}) == 1, where  # one runner
+        # the job's first group found it empty; its second saw the marker the first left
+        assert sorted("marker.txt" in before for _, before in where) == [False, True], where
+    (first, _), (second, _) = seen["first"][0], seen["second"][0]
+    assert first != second, "two jobs shared a working directory"
+    assert not Path(first).exists() and not Path(second).exists(), "a working directory lived on"
     # nor their tensor exchange folders in shared memory (kassay.worker.sandbox.exchange_dir)
     exchanges = set(shm.glob("kassay-sandbox-*")) if shm.is_dir() else set()
     assert exchanges <= exchanges_before, exchanges - exchanges_before
@@ -464,9 +467,9 @@ def test_a_wheel_pinning_another_torch_fails_its_cases_saying_why(code_stack: Co
     assert "without dependencies" in case.message
 
 
-def test_an_artifact_that_exits_at_import_fails_only_its_job(code_stack: CodeStack) -> None:
-    """Its code runs only in the impl runner: the built-in beside it is judged as ever, and a
-    job naming an impl it should have provided fails saying why."""
+def test_an_artifact_that_exits_at_import_fails_only_its_own_impl(code_stack: CodeStack) -> None:
+    """Its code runs only in the impl runner: the built-ins beside it are judged as ever, and
+    the impl it should have provided fails alone, saying why (#38)."""
     module = code_stack.tmp / "kassay_exit_at_import.py"
     module.write_text(EXIT_AT_IMPORT)
     with code_stack.client() as kc:
@@ -474,13 +477,48 @@ def test_an_artifact_that_exits_at_import_fails_only_its_job(code_stack: CodeSta
         job = kc.jobs.wait(kc.jobs.create(_spec(["torch"], [digest])).id, timeout=120)
         (case,) = _cases(kc, job.id).values()
         assert case.status == "passed" and case.ran_in == "trusted", case.message
-        job = kc.jobs.wait(kc.jobs.create(_spec(["torch", "mine"], [digest])).id, timeout=120)
-        cases = _cases(kc, job.id)
-        assert {c.status for c in cases.values()} == {"error"}
+        spec = _spec(["torch", "kassay", "mine"], [digest])
+        cases = _cases(kc, kc.jobs.wait(kc.jobs.create(spec).id, timeout=120).id)
+        assert {n: c.status for n, c in cases.items()} == {
+            "torch": "passed",
+            "kassay": "passed",
+            "mine": "error",
+        }, {n: c.message for n, c in cases.items()}
         msg = cases["mine"].message
-        assert "unknown impl 'mine'" in msg and "did not start" in msg, msg
+        assert "impl 'mine' not available" in msg and "did not start" in msg, msg
         assert "exited with code 3" in msg, msg
         _assert_serving(kc)
+
+
+#: a kernel package whose entry point fails to import (a module it forgot to ship)
+BROKEN_IMPORT = """
+import kassay_missing_helper  # noqa: F401
+
+def impls():
+    return []
+"""
+
+
+def test_an_artifact_failing_at_import_says_so_beside_passing_built_ins(
+    code_stack: CodeStack,
+) -> None:
+    """#38: the import error's own line reaches the case of the impl it was to provide; torch
+    and kassay beside it pass."""
+    module = code_stack.tmp / "kassay_broken_import.py"
+    module.write_text(BROKEN_IMPORT)
+    with code_stack.client() as kc:
+        digest = kc.artifacts.upload(module).digest
+        spec = _spec(["torch", "kassay", "broken_merge"], [digest], K=[2, 3])
+        job = kc.jobs.wait(kc.jobs.create(spec).id, timeout=180)
+        report = kc.jobs.report(job.id)
+    assert len(report.cases) == 6
+    for case in report.cases:
+        if case.impl == "broken_merge":
+            assert case.status == "error", case.message
+            assert "ModuleNotFoundError: No module named 'kassay_missing_helper'" in case.message
+            assert str(code_stack.tmp) not in case.message  # no host path of the service's
+        else:
+            assert case.status == "passed", (case.impl, case.message)
 
 
 def test_workers_describe_their_sandbox(code_stack: CodeStack) -> None:

@@ -6,12 +6,12 @@ line with the job page's URL."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from users import KASSAY
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -59,7 +59,7 @@ def test_a_piped_wait_writes_a_short_log_with_failures_first(procs, tmp_path: Pa
         env.pop("COLUMNS", None)
         with open(tmp_path / "ci.log", "w") as out, open(tmp_path / "ci.err", "w") as err:
             done = subprocess.run(
-                [sys.executable, "-m", "kassay.cli", "submit", str(spec), "--wait"],
+                [*KASSAY, "submit", str(spec), "--wait"],
                 stdout=out,
                 stderr=err,
                 env=env,
@@ -96,8 +96,7 @@ def test_operations_the_cli_owes_a_ci_user(procs, tmp_path: Path) -> None:
     try:
         procs.wait_ready(api, w)
         env = procs.env({"KASSAY_SERVER": api.extra["url"], "KASSAY_TOKEN": procs.write_token})
-        kassay = [sys.executable, "-m", "kassay.cli"]
-        impls = subprocess.run([*kassay, "impls"], env=env, capture_output=True, text=True)
+        impls = subprocess.run([*KASSAY, "impls"], env=env, capture_output=True, text=True)
         assert impls.returncode == 0, impls.stderr
         rows = [line.split() for line in impls.stdout.splitlines()]
         assert ["lse_merge", "torch", "builtin", "all", "workers"] in rows, impls.stdout
@@ -105,11 +104,11 @@ def test_operations_the_cli_owes_a_ci_user(procs, tmp_path: Path) -> None:
         bad = dict(SPEC, suites=[dict(SPEC["suites"][0], impls=["tourch"])])
         spec = tmp_path / "bad.yaml"
         spec.write_text(yaml.safe_dump(bad))
-        r = subprocess.run([*kassay, "submit", str(spec)], env=env, capture_output=True, text=True)
+        r = subprocess.run([*KASSAY, "submit", str(spec)], env=env, capture_output=True, text=True)
         assert r.returncode == 2 and "did you mean 'torch'?" in r.stderr, r.stderr
         # the reader is gone before kassay writes (`| true`): a closed pipe, as `| head` makes
         piped = subprocess.run(
-            " ".join([*kassay, "impls", "--json"]) + " | true",
+            " ".join([*KASSAY, "impls", "--json"]) + " | true",
             shell=True,
             env=env,
             capture_output=True,
@@ -120,7 +119,7 @@ def test_operations_the_cli_owes_a_ci_user(procs, tmp_path: Path) -> None:
         api.stop()
         w.stop()
     refused = subprocess.run(
-        [sys.executable, "-m", "kassay.cli", "api", "--port", "1"],
+        [*KASSAY, "api", "--port", "1"],
         env=procs.env({"KASSAY_MAX_CASES": "-1"}),
         capture_output=True,
         text=True,

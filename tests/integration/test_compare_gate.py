@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import yaml
+from users import KASSAY
 
 from kassay_client import Client
 
@@ -51,7 +51,7 @@ QUIET = {"OMP_NUM_THREADS": "1"}
 def _submit(procs, url: str, spec: Path, *args: str) -> tuple[int, str]:
     r = subprocess.run(
         [
-            *(sys.executable, "-m", "kassay.cli", "submit", str(spec), "--wait", "--quiet"),
+            *(*KASSAY, "submit", str(spec), "--wait", "--quiet"),
             *("--server", url, "--token", procs.write_token, *args),
         ],
         capture_output=True,
@@ -177,7 +177,7 @@ def test_gate_noise_and_regression(procs, tmp_path, runs, extra_pass) -> None:
             files = tmp_path / "cmp.json", tmp_path / "cmp.md"
             r = subprocess.run(
                 [
-                    *(sys.executable, "-m", "kassay.cli", "compare", job.id, base.id),
+                    *(*KASSAY, "compare", job.id, base.id),
                     *("--server", url, "--token", procs.write_token, "--fail-on-regression"),
                     *("--json", str(files[0]), "--markdown", str(files[1])),
                 ],

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
+from users import KASSAY
 
 from kassay_client import Client
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-KASSAY = [sys.executable, "-m", "kassay.cli"]
 REPORTS = ["--device", "cpu", "--quiet", "--json", "r.json", "--markdown", "r.md"]
 REPORTS += ["--junit", "r.xml", "--html", "r.html"]
 

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from users import KASSAY
 
 pytestmark = pytest.mark.integration
 
@@ -138,11 +139,10 @@ def test_gpus_on_a_host_without_gpus(procs) -> None:
     """`--gpus all` with no GPU visible: one CPU worker and a word about it; a count it cannot
     meet is refused at once (exit 2)."""
     import subprocess
-    import sys
 
     env = procs.env({"CUDA_VISIBLE_DEVICES": "", "KASSAY_WORKER_POLL_S": "0.5"})
     refused = subprocess.run(
-        [sys.executable, "-m", "kassay.cli", "serve", "--gpus", "2", "--port", "0"],
+        [*KASSAY, "serve", "--gpus", "2", "--port", "0"],
         env=env,
         capture_output=True,
         text=True,

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from google.rpc import error_details_pb2  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
+from users import KASSAY, user_env  # noqa: E402
 
 from kassay.v1 import worker_pb2 as pb  # noqa: E402
 from kassay.v1 import worker_pb2_grpc  # noqa: E402
@@ -60,19 +60,12 @@ class Worker:
 
 def _start_worker(tmp: Path) -> Worker:
     port = _free_port()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "service"), str(ROOT / "client"), env.get("PYTHONPATH", "")]
-    )
-    if DEVICE == "cpu":
-        env["TRITON_INTERPRET"] = "1"
+    env = user_env()
     log = tmp / "worker.log"
     with open(log, "wb") as fh:
         proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "kassay.cli",
+                *KASSAY,
                 "worker",
                 "--listen",
                 f"127.0.0.1:{port}",

@@ -9,7 +9,6 @@ import hashlib
 import ipaddress
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from google.rpc import error_details_pb2  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # noqa: E402
 from grpc_status import rpc_status  # noqa: E402
+from users import KASSAY  # noqa: E402
 
 from kassay.v1 import worker_pb2 as pb  # noqa: E402
 from kassay.v1 import worker_pb2_grpc  # noqa: E402
@@ -563,7 +563,7 @@ def test_api_sends_the_token_over_tls(module_procs: Any, pki: Pki) -> None:
 
 def test_an_unauthenticated_worker_refuses_to_listen_beyond_loopback(module_procs: Any) -> None:
     port = module_procs.free_port()
-    cmd = [sys.executable, "-m", "kassay.cli", "worker", "--listen", f"0.0.0.0:{port}"]
+    cmd = [*KASSAY, "worker", "--listen", f"0.0.0.0:{port}"]
     cmd += ["--device", "cpu"]
     run = subprocess.run(cmd, env=module_procs.env(), capture_output=True, text=True, timeout=120)
     assert run.returncode == 2, run.stdout + run.stderr
@@ -592,7 +592,7 @@ def test_kassay_serve_guards_its_worker_with_a_token_of_its_own(module_procs: An
     env = module_procs.env()
     env.pop("KASSAY_WORKER_TOKEN", None)
     log = module_procs.tmp / "serve.log"
-    cmd = [sys.executable, "-m", "kassay.cli", "serve", "--port", str(port), "--device", "cpu"]
+    cmd = [*KASSAY, "serve", "--port", str(port), "--device", "cpu"]
     cmd += ["--worker-port", str(worker_port), "--data-dir", str(data)]
     with open(log, "wb") as fh:
         serve = subprocess.Popen(

@@ -238,21 +238,24 @@ class Executor:
 
         group = GroupSpec.model_validate(msg["group"])
         runner = None
+        end: dict[str, Any]
         try:
             if group.artifacts:
                 # the job's code runs in its own sandboxed process, never in this one
-                try:
-                    runner = self._runner(msg["runner"])
-                except (KeyError, TypeError, ValueError) as exc:
-                    self.chan.send(
-                        {"type": "group_error", "error": f"no usable runner lease: {exc!r}"}
-                    )
-                    return
+                runner = self._runner(msg["runner"])
+        except (KeyError, TypeError, ValueError) as exc:
+            end = {"type": "group_error", "error": f"no usable runner lease: {exc!r}"}
+        else:
             with scoped(runner.impls if runner is not None else []) as refused:
-                self._run_group(group, msg, runner, refused)
-        finally:
-            for key in msg.get("end_runners") or []:
-                self.end_runner(str(key))
+                end = self._run_group(group, msg, runner, refused)
+        # the run's last group: its runners are gone before the run is said to be over
+        for key in msg.get("end_runners") or []:
+            self.end_runner(str(key))
+        self.chan.send(end)
+        reason = self._poisoned(str(end.get("error", ""))) if "error" in end else None
+        if reason is not None:
+            self.chan.send({"type": "poisoned", "reason": reason})
+            os._exit(POISONED_EXIT_CODE)
 
     def _run_group(
         self,
@@ -260,7 +263,8 @@ class Executor:
         msg: dict[str, Any],
         runner: Any,
         refused: dict[tuple[str, str], str],
-    ) -> None:
+    ) -> dict[str, Any]:
+        """Run the group's impls; the message that ends it (group_done or group_error)."""
         include_mutants = bool(msg.get("include_mutants"))
         missing = {}
         if runner is not None:
@@ -302,8 +306,7 @@ class Executor:
                 )
         rest = [n for n in group.impls if n not in missing]
         if not rest:
-            self.chan.send({"type": "group_done"})
-            return
+            return {"type": "group_done"}
         try:
             self.engine.run_group(
                 group.model_copy(update={"impls": rest}),
@@ -317,15 +320,8 @@ class Executor:
             )
         except Exception as exc:  # the group cannot run at all (inputs, reference, ...)
             tb = traceback.format_exc(limit=-3)
-            self.chan.send(
-                {"type": "group_error", "error": f"{type(exc).__name__}: {exc}", "traceback": tb}
-            )
-            reason = self._poisoned(str(exc))
-            if reason is not None:
-                self.chan.send({"type": "poisoned", "reason": reason})
-                os._exit(POISONED_EXIT_CODE)
-        else:
-            self.chan.send({"type": "group_done"})
+            return {"type": "group_error", "error": f"{type(exc).__name__}: {exc}", "traceback": tb}
+        return {"type": "group_done"}
 
     def _missing_impls(
         self,

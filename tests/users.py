@@ -1,0 +1,30 @@
+"""How tests start kassay: as its users do (#38). The console script the install put next to
+this Python (`.venv/bin/kassay`), never `python -m` from the source tree; an environment with
+nothing a user's shell lacks (no PYTHONPATH onto the sources, no TRITON_INTERPRET: a CPU
+executor sets that itself); the working directory is each test's own folder, outside the
+repository."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+_SCRIPT = Path(sys.executable).with_name("kassay")
+if not _SCRIPT.exists():  # pragma: no cover - an install without its console script
+    raise RuntimeError(
+        f"no kassay console script beside {sys.executable}: install kassay (make venv)"
+    )
+
+#: the command a user types
+KASSAY = [str(_SCRIPT)]
+
+#: what the test process has that a user's shell does not
+_NOT_A_USERS = ("PYTHONPATH", "TRITON_INTERPRET")
+
+
+def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment less what only a test set-up has, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in _NOT_A_USERS}
+    env.update(extra or {})
+    return env
