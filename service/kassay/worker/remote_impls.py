@@ -121,7 +121,8 @@ class RemoteImpls:
             self.start_error = self._why_not_started(exc)
             self.kill()
             return
-        self.errors = [str(e)[:2000] for e in hello.get("artifact_errors") or []][:64]
+        self.errors = [_short_paths(str(e))[:2000] for e in hello.get("artifact_errors") or []]
+        self.errors = self.errors[:64]
         for item in hello.get("impls") or []:
             op, name = str(item.get("op", ""))[:100], str(item.get("name", ""))[:100]
             self.impls.append(
@@ -340,7 +341,11 @@ def exception_line(lines: list[str], limit: int = 500) -> str:
             break
     if not found:
         found = next((ln for ln in reversed(lines) if "Error" in ln or "error" in ln), "")
-    return _PATH.sub(lambda m: short_path(m.group(0)), found.strip())[:limit]
+    return _short_paths(found.strip())[:limit]
+
+
+def _short_paths(text: str) -> str:
+    return _PATH.sub(lambda m: short_path(m.group(0)), text)
 
 
 def short_path(path: str) -> str:

@@ -1,0 +1,153 @@
+"""Bring your own kernel from a wheel install of kassay, with an op plugin installed editable
+beside it (#38): the sandboxed impl runner must read kassay in site-packages and the plugin in
+its source folder (on no sys.path entry: setuptools' editable finder maps it), and nothing of
+the service. The editable install of kassay itself is what every other integration test runs
+(tests/users.py).
+
+The fresh venv gets kassay's wheel (built here from a copy of the sources) and the plugin
+(`pip install -e`, through setuptools' finder); its third-party packages (torch, grpcio, ...) come from the test's own venv
+through a path file, so that no download is needed."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import site
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from users import user_env
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+PIP = ["-m", "pip", "-q", "--disable-pip-version-check"]
+OFFLINE = ["--no-deps", "--no-build-isolation", "--no-index"]
+
+#: an impl of the plugin's op, brought by a job: the runner imports the plugin to run it
+RMS_MODULE = """
+from kassay.impls import Impl
+from kassay_rmsnorm.impls import rmsnorm_eager, with_grads
+
+def impls():
+    return [Impl("rmsnorm", "rms_mine", with_grads(rmsnorm_eager))]
+"""
+
+
+def _fresh_venv(tmp: Path) -> Path:
+    """A venv with kassay from its wheel and the op plugin editable; returns its bin folder."""
+    src = tmp / "kassay-src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for name in ("service", "client"):
+        shutil.copytree(
+            ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+        )
+    dist = tmp / "dist"
+    subprocess.run([sys.executable, *PIP, "wheel", *OFFLINE, "-w", dist, src], check=True)
+    (wheel,) = dist.glob("kassay-*.whl")
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True)
+    (purelib,) = venv.glob("lib/python3*/site-packages")
+    # the test venv's site-packages for the dependencies, after the fresh venv's own
+    (purelib / "_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    python = venv / "bin" / "python"
+    subprocess.run([python, *PIP, "install", *OFFLINE, wheel], check=True)
+    plugin = tmp / "op-plugin"
+    shutil.copytree(ROOT / "examples" / "op-plugin", plugin)
+    # a package folder named otherwise than the package: setuptools then installs it editable
+    # through a finder (no sys.path entry), as it does kassay (two source roots)
+    (plugin / "src" / "kassay_rmsnorm").rename(plugin / "rmsnorm_code")
+    meta = (plugin / "pyproject.toml").read_text()
+    meta = meta.replace(
+        '[tool.setuptools.packages.find]\nwhere = ["src"]',
+        '[tool.setuptools]\npackages = ["kassay_rmsnorm"]\n'
+        'package-dir = {"kassay_rmsnorm" = "rmsnorm_code"}',
+    )
+    assert "rmsnorm_code" in meta
+    (plugin / "pyproject.toml").write_text(meta)
+    subprocess.run([python, *PIP, "install", *OFFLINE, "-e", plugin], check=True)
+    assert list(purelib.glob("__editable__*kassay_rmsnorm*finder.py")), "not a finder install"
+    return venv / "bin"
+
+
+def _wait_ready(url: str, serve: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert serve.poll() is None, log.read_text()[-3000:]
+        try:
+            r = httpx.get(f"{url}/readyz", timeout=2.0)
+            if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"kassay serve not ready:\n{log.read_text()[-3000:]}")
+
+
+def test_a_wheel_install_with_an_editable_plugin_runs_code_jobs(procs, tmp_path: Path) -> None:
+    bin_dir = _fresh_venv(tmp_path)
+    kassay = str(bin_dir / "kassay")
+    where = subprocess.run(
+        [bin_dir / "python", "-c", "import kassay, kassay_rmsnorm; print(kassay.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    ).stdout
+    assert str(tmp_path / "venv") in where, where  # kassay from the wheel, not the sources
+    pkg = tmp_path / "kernel-package"
+    shutil.copytree(ROOT / "examples" / "kernel-package", pkg)
+    subprocess.run([sys.executable, *PIP, "wheel", *OFFLINE, "-w", "dist", "."], cwd=pkg, check=True)
+    (wheel,) = (pkg / "dist").glob("*.whl")
+    module = tmp_path / "kassay_rms_mine.py"
+    module.write_text(RMS_MODULE)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: installs\n"
+        "suites:\n"
+        "  - op: lse_merge\n"
+        "    impls: [torch, kassay, example_merge]\n"
+        "    params: {T: 16, Hh: 2, D: 32, K: 3, dtype: float32, mode: merge}\n"
+        "    regimes: [normal, fa2_inf]\n"
+        "    coverage: none\n"
+        "  - op: rmsnorm\n"
+        "    impls: [torch, rms_mine]\n"
+        "    params: {N: 16, H: 64, dtype: float32}\n"
+        "    coverage: none\n"
+    )
+    port = procs.free_port()
+    log = tmp_path / "serve.log"
+    with open(log, "wb") as fh:
+        serve = subprocess.Popen(
+            [kassay, "serve", "--port", str(port)],
+            cwd=tmp_path,
+            env=user_env({"KASSAY_WORKER_POLL_S": "0.5"}),
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        _wait_ready(url, serve, log)
+        done = subprocess.run(
+            [kassay, "submit", str(spec), "--artifact", str(wheel), "--artifact", str(module)]
+            + ["--wait"],
+            cwd=tmp_path,
+            env=user_env({"KASSAY_SERVER": url}),
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
+        out = done.stdout + done.stderr
+        assert done.returncode == 0, out[-4000:] + "\n" + log.read_text()[-3000:]
+        summary = re.search(r"(\d+) passed · (\d+) cases · exit 0", out)
+        assert summary and summary.group(1) == summary.group(2) == "10", out[-2000:]
+    finally:
+        serve.terminate()
+        serve.wait(timeout=60)
+    assert "PermissionError" not in log.read_text()
