@@ -214,6 +214,9 @@ class Executor:
             # its start (Python, torch, the artifacts' imports) runs on the start-up clock,
             # not on a case's
             self.chan.send({"type": "runner_starting"})
+            import time
+
+            t0 = time.perf_counter()
 
             config = str(lease["sandbox"])
             paths = {str(d): str(p) for d, p in dict(lease["artifacts"]).items()}
@@ -225,6 +228,14 @@ class Executor:
                 label="artifacts " + ", ".join(d[:12] for d in paths),
             )
             self.chan.send({"type": "runner_ready"})
+            runner = self.runners[key]
+            # the worker's log says what a code job's runner cost (bench/code_jobs.py reads it)
+            print(
+                f"kassay: impl runner of {runner.label} "
+                f"{'ready' if runner.start_error is None else 'failed'} in "
+                f"{time.perf_counter() - t0:.2f} s",
+                file=sys.stderr,
+            )
         return self.runners[key]
 
     def end_runner(self, key: str) -> None:
