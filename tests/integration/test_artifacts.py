@@ -431,7 +431,7 @@ def test_each_job_gets_a_fresh_working_directory_removed_when_it_ends(
                 assert found, case.message
                 assert found.group(1) == found.group(2), case.message
                 seen.setdefault(job_name, []).append((found.group(1), found.group(3)))
-    for job_name, where in seen.items():
+    for where in seen.values():
         assert len(where) == 2 and len({cwd for cwd, _ in where}) == 1, where  # one runner
         # the job's first group found it empty; its second saw the marker the first left
         assert sorted("marker.txt" in before for _, before in where) == [False, True], where

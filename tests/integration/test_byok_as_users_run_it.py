@@ -60,8 +60,14 @@ def test_the_readme_kernel_package_passes_every_case(procs, tmp_path: Path) -> N
         _wait_ready(url, serve, log)
         env = user_env({"KASSAY_SERVER": url})
         done = subprocess.run(
-            [*KASSAY, "submit", "kassay-job.yaml", "--artifact", str(wheel.relative_to(pkg))]
-            + ["--wait"],
+            [
+                *KASSAY,
+                "submit",
+                "kassay-job.yaml",
+                "--wait",
+                "--artifact",
+                str(wheel.relative_to(pkg)),
+            ],
             cwd=pkg,
             env=env,
             capture_output=True,

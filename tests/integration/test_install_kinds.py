@@ -103,7 +103,9 @@ def test_a_wheel_install_with_an_editable_plugin_runs_code_jobs(procs, tmp_path:
     assert str(tmp_path / "venv") in where, where  # kassay from the wheel, not the sources
     pkg = tmp_path / "kernel-package"
     shutil.copytree(ROOT / "examples" / "kernel-package", pkg)
-    subprocess.run([sys.executable, *PIP, "wheel", *OFFLINE, "-w", "dist", "."], cwd=pkg, check=True)
+    subprocess.run(
+        [sys.executable, *PIP, "wheel", *OFFLINE, "-w", "dist", "."], cwd=pkg, check=True
+    )
     (wheel,) = (pkg / "dist").glob("*.whl")
     module = tmp_path / "kassay_rms_mine.py"
     module.write_text(RMS_MODULE)
@@ -135,8 +137,16 @@ def test_a_wheel_install_with_an_editable_plugin_runs_code_jobs(procs, tmp_path:
         url = f"http://127.0.0.1:{port}"
         _wait_ready(url, serve, log)
         done = subprocess.run(
-            [kassay, "submit", str(spec), "--artifact", str(wheel), "--artifact", str(module)]
-            + ["--wait"],
+            [
+                kassay,
+                "submit",
+                str(spec),
+                "--wait",
+                "--artifact",
+                str(wheel),
+                "--artifact",
+                str(module),
+            ],
             cwd=tmp_path,
             env=user_env({"KASSAY_SERVER": url}),
             capture_output=True,

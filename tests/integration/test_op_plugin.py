@@ -9,7 +9,6 @@ so the rest of the suite keeps its two ops; no file under service/ names it."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from users import KASSAY
 
 from kassay_client import Client
 
@@ -56,13 +56,13 @@ def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _env(procs: object, plugin_path: str) -> dict[str, str]:
     env = procs.env()  # type: ignore[attr-defined]
-    env["PYTHONPATH"] = os.pathsep.join([plugin_path, env["PYTHONPATH"]])
+    env["PYTHONPATH"] = plugin_path  # a user who installed the plugin with `pip --target`
     return env
 
 
 def _kassay(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "kassay.cli", *args],
+        [*KASSAY, *args],
         env={**env, "COLUMNS": "200"},
         cwd=cwd,
         capture_output=True,
