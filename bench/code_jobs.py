@@ -203,7 +203,10 @@ def main() -> None:
             serve.wait(timeout=60)
         except subprocess.TimeoutExpired:
             serve.kill()
+    # the executor's stderr goes to the worker's log in the data folder, not to serve's output
     text = log.read_text(errors="replace")
+    for worker_log in sorted((data / "serve").glob("worker*.log")):
+        text += worker_log.read_text(errors="replace")
     starts = [float(s) for s in re.findall(r"impl runner of .* ready in ([0-9.]+) s", text)]
     warm = runs["builtin-warm"]["wall_s"]
     start = starts[0] if starts else 0.0

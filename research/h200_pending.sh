@@ -24,13 +24,16 @@
 #   sandbox   #31's CUDA IPC transport (tests/gpu/test_cuda_ipc_gpu.py), the sandboxed Triton
 #             artifact (test_sandbox_gpu.py) and #30's op plugin on CUDA (test_op_plugin_gpu.py)
 #             (~150 s)
+#   codejobs  #42: bench/code_jobs.py on the GPU worker (the TE seed grid with built-ins, then
+#             with two uploaded modules in one sandboxed runner: expected code <= 2 x builtin +
+#             one runner start, <= 15 s for the 66 cases), then the sandbox's GPU tests (~200 s)
 #   convergence  #33's default convergence job, examples/convergence.yaml (600 steps, not yet
 #             run at that length: expected ~300 s; kassay, torch.compile, Liger,
 #             m_bf16_chunk_accum and m_out_dtype_accum passed; m_zeros, m_grad_softmax_lost and
 #             m_stale_lse failed; m_label_smoothing_weight inconclusive. At 1000 steps,
 #             2026-12-05: 484 s, those verdicts)
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests|sandbox|convergence}
+stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests|sandbox|codejobs|convergence}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
@@ -83,6 +86,12 @@ flce)
 sandbox)
     step gpu-sandbox 500 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
         tests/gpu/test_cuda_ipc_gpu.py tests/gpu/test_sandbox_gpu.py tests/gpu/test_op_plugin_gpu.py
+    ;;
+codejobs)
+    step code-jobs 300 python3 bench/code_jobs.py --device cuda \
+        --out "$out/code-jobs-h200-$day.json"
+    step gpu-sandbox 280 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \
+        tests/gpu/test_cuda_ipc_gpu.py tests/gpu/test_sandbox_gpu.py
     ;;
 convergence)
     export KASSAY_ENABLE_MUTANTS=true

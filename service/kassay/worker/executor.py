@@ -46,6 +46,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -214,8 +215,6 @@ class Executor:
             # its start (Python, torch, the artifacts' imports) runs on the start-up clock,
             # not on a case's
             self.chan.send({"type": "runner_starting"})
-            import time
-
             t0 = time.perf_counter()
 
             config = str(lease["sandbox"])

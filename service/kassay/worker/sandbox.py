@@ -376,7 +376,7 @@ def installed_code(cwd: str) -> set[str]:
     system finds them (editable finders and .pth hooks resolved): each package's own folder
     (or a module's file), never its parent. What only the current directory provides is left
     out: `python -m` puts it first on sys.path, and it is the service's, not an install."""
-    from importlib import metadata, util
+    from importlib import machinery, metadata, util
 
     names: set[str] = set()
     for dist in metadata.distributions():
@@ -387,7 +387,10 @@ def installed_code(cwd: str) -> set[str]:
     found: set[str] = set()
     for name in names:
         try:
-            spec = util.find_spec(name)
+            # sys.path's own finder first: a meta-path hook may act on being asked
+            # (setuptools' distutils hack turns itself off for the process when asked for
+            # `pip`); the hooks are asked only for what sys.path lacks (editable finders)
+            spec = machinery.PathFinder.find_spec(name) or util.find_spec(name)
         except Exception:  # an import hook that raises: nothing to add for it
             continue
         if spec is None:
