@@ -211,7 +211,7 @@ def _spec(impls: list[str], artifacts: list[str], **params: Any) -> dict[str, An
                 "op": "lse_merge",
                 "impls": impls,
                 "params": {"T": 16, "Hh": 2, "D": 32, "K": 3, "dtype": "float32", **params},
-                # an exact grid: each sandboxed group starts an executor of its own
+                # an exact grid: only the groups a test asks for
                 "regimes": ["normal"],
                 "coverage": "none",
                 "timing": {"warmup": 0, "min_reps": 1, "max_reps": 2, "budget_s": 0.2},
@@ -409,9 +409,10 @@ def test_hostile_artifacts_fail_only_their_own_cases(code_stack: CodeStack) -> N
 def test_each_job_gets_a_fresh_working_directory_removed_when_it_ends(
     code_stack: CodeStack,
 ) -> None:
-    """#42: one impl runner serves all the groups of a job: they share its working directory
-    (its HOME too), which no other job wrote in and which is gone once the job is over. The
-    module is padded past 2 MiB, so it reaches the worker in several PutArtifact chunks."""
+    """#42: one impl runner serves all the groups of a job, across the runs the API sends them
+    in (6 groups, KASSAY_DISPATCH_BATCH 4: two runs): they share its working directory (its
+    HOME too), which no other job wrote in and which is gone once the job is over. The module
+    is padded past 2 MiB, so it reaches the worker in several PutArtifact chunks."""
     module = code_stack.tmp / "kassay_where.py"
     module.write_text(WHERE + "#" * 2_500_000 + "\n")
     shm = Path("/dev/shm")
@@ -420,7 +421,7 @@ def test_each_job_gets_a_fresh_working_directory_removed_when_it_ends(
     with code_stack.client() as kc:
         digest = kc.artifacts.upload(module).digest
         for job_name in ("first", "second"):
-            spec = _spec(["torch", "w_where"], [digest], K=[2, 3])
+            spec = _spec(["torch", "w_where"], [digest], K=[2, 3, 4, 5, 6, 7])
             job = kc.jobs.wait(kc.jobs.create(spec).id, timeout=180)
             report = kc.jobs.report(job.id)
             assert all(c.status == "passed" for c in report.cases if c.impl == "torch")
@@ -432,9 +433,9 @@ def test_each_job_gets_a_fresh_working_directory_removed_when_it_ends(
                 assert found.group(1) == found.group(2), case.message
                 seen.setdefault(job_name, []).append((found.group(1), found.group(3)))
     for where in seen.values():
-        assert len(where) == 2 and len({cwd for cwd, _ in where}) == 1, where  # one runner
-        # the job's first group found it empty; its second saw the marker the first left
-        assert sorted("marker.txt" in before for _, before in where) == [False, True], where
+        assert len(where) == 6 and len({cwd for cwd, _ in where}) == 1, where  # one runner
+        # the job's first group found it empty; the others saw the marker the first left
+        assert sorted("marker.txt" in before for _, before in where) == [False] + [True] * 5
     (first, _), (second, _) = seen["first"][0], seen["second"][0]
     assert first != second, "two jobs shared a working directory"
     assert not Path(first).exists() and not Path(second).exists(), "a working directory lived on"

@@ -925,6 +925,8 @@ class RunRequest(_message.Message):
     GROUPS_FIELD_NUMBER: _builtins.int
     INCLUDE_MUTANTS_FIELD_NUMBER: _builtins.int
     CASE_TIMEOUT_S_FIELD_NUMBER: _builtins.int
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    JOB_LAST_FIELD_NUMBER: _builtins.int
     run_id: _builtins.str
     """The caller's id for this batch (e.g. the job id plus an attempt); Cancel refers to it.
     Empty: the worker makes one up and reports it in every event.
@@ -933,6 +935,15 @@ class RunRequest(_message.Message):
     """Offer the self-test mutant impls to these groups."""
     case_timeout_s: _builtins.float
     """Per-case timeout in seconds for this run; absent or 0: the worker's --case-timeout."""
+    job_id: _builtins.str
+    """The job these groups belong to. The runs of one job share the sandboxed impl runner of
+    its artifacts on this worker (never another job's). Empty: the run is a job of its own.
+    """
+    job_last: _builtins.bool
+    """No group of the job was left to dispatch when this run was sent: the job's impl runners
+    end with this run (when no other run of the job is on the worker), not after a wait for
+    the job's next run.
+    """
     @_builtins.property
     def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupSpec]: ...
     def __init__(
@@ -942,10 +953,12 @@ class RunRequest(_message.Message):
         groups: _abc.Iterable[Global___GroupSpec] | None = ...,
         include_mutants: _builtins.bool = ...,
         case_timeout_s: _builtins.float | None = ...,
+        job_id: _builtins.str = ...,
+        job_last: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_case_timeout_s", b"_case_timeout_s", "case_timeout_s", b"case_timeout_s"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_case_timeout_s", b"_case_timeout_s", "case_timeout_s", b"case_timeout_s", "groups", b"groups", "include_mutants", b"include_mutants", "run_id", b"run_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_case_timeout_s", b"_case_timeout_s", "case_timeout_s", b"case_timeout_s", "groups", b"groups", "include_mutants", b"include_mutants", "job_id", b"job_id", "job_last", b"job_last", "run_id", b"run_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__case_timeout_s: _TypeAlias = _typing.Literal["case_timeout_s"]  # noqa: Y015
     _WhichOneofArgType__case_timeout_s: _TypeAlias = _typing.Literal["_case_timeout_s", b"_case_timeout_s"]  # noqa: Y015

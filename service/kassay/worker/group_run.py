@@ -45,11 +45,19 @@ class RunSink(Protocol):
 class RunHandle:
     run_id: str
     sink: RunSink
+    #: the job the run is part of: its runs share the job's impl runners on this worker
+    job_id: str = ""
+    #: nothing of the job was left to dispatch: its runners end with this run
+    job_last: bool = True
     include_mutants: bool = False
     case_timeout_s: float | None = None
     pending: int = 0
     cancelled: bool = False
     groups: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.job_id:  # a run without a job is a job of its own
+            self.job_id = f"run:{self.run_id}"
 
 
 class RunHost(Protocol):
@@ -138,7 +146,7 @@ class GroupRun:
         runner: dict[str, Any] | None = None
         try:
             if self.group.artifacts:
-                lease = await self.sup.runners.lease(self.run.run_id, list(self.group.artifacts))
+                lease = await self.sup.runners.lease(self.run, list(self.group.artifacts))
                 runner = lease.message()
             exe = await self.sup.ensure_executor()
         except ExecutorStartError as exc:
@@ -153,8 +161,9 @@ class GroupRun:
         if self.sup.stop_reason(self.run):
             return True  # execute() sees the reason and stops
         sub = self.group.model_copy(update={"impls": list(self.remaining)})
-        # the run's last group ends its impl runners when it is done
-        last = self.sup.runners.of_run(self.run.run_id) if self.run.pending <= 1 else []
+        # the job's last group on this worker ends its impl runners when it is done, before
+        # the run is said to be over
+        last = self.sup.runners.ending_with(self.run) if self.run.pending <= 1 else []
         if not exe.send_run(
             sub, include_mutants=self.run.include_mutants, runner=runner, end_runners=last
         ):

@@ -1,15 +1,19 @@
-"""What the supervisor lends the impl runner of a run that brings code: one lease per (run,
+"""What the supervisor lends the impl runner of a job that brings code: one lease per (job,
 artifact set) on this worker's device.
 
 A group that names artifacts runs on the device's shared executor like any other group; the
-artifacts' impls run in one sandboxed impl runner that the executor starts for the run's first
+artifacts' impls run in one sandboxed impl runner that the executor starts for the job's first
 such group and keeps for its later ones (kassay.worker.remote_impls): Python, torch, the CUDA
-context and the artifacts' imports are paid once per job, not once per group. The lease holds
-what that runner is given: the artifacts installed from the cache, a working directory of its
-own (also its HOME and TMPDIR; its tensor exchange folder in /dev/shm where there is one), a
-user of its own (as root) and the sandbox's config. It ends with the run: the executor ends the
-runner after the run's last group, and the supervisor removes both folders and frees the
-user. Never shared between runs: the trust boundary is the job.
+context and the artifacts' imports are paid once per job, not once per group. The API sends a
+job's groups in several runs (a few groups each, KASSAY_DISPATCH_BATCH); the runs of one job
+(RunRequest.job_id) share its lease. The lease holds what that runner is given: the artifacts
+installed from the cache, a working directory of its own (also its HOME and TMPDIR; its tensor
+exchange folder in /dev/shm where there is one), a user of its own (as root) and the sandbox's
+config. It ends with the job: after the group of the job's last run (RunRequest.job_last) when
+no other run of the job is on the worker; else, once none is, after RUNNER_LINGER_S without a
+new run of the job (the job's rest went to another worker, or was cancelled). The executor ends
+the runner, the supervisor removes both folders and frees the user. Never shared between jobs:
+the trust boundary is the job.
 """
 
 from __future__ import annotations
@@ -46,16 +50,34 @@ class LeaseHost(Protocol):
     sandbox_uids: set[int]
 
 
+#: how long a job's runner waits for the job's next run once none of its runs is on the worker
+#: and its last was not said to be the job's last (the API sends the next run before the one
+#: in flight ends, dispatch depth 2: this covers a slow round trip, not an idle job)
+RUNNER_LINGER_S = 30.0
+
+
+class JobRun(Protocol):
+    """What leases need of a run (kassay.worker.group_run.RunHandle)."""
+
+    run_id: str
+    job_id: str
+    job_last: bool
+
+
 @dataclass
 class RunnerLease:
     key: str
-    run_id: str
+    job_id: str
+    #: the runs of the job on this worker that use it
+    runs: set[str]
     #: digest -> the artifact's unpacked folder
     paths: dict[str, str]
     workdir: str
     exchange: str
     offset: int
     config: SandboxConfig
+    #: a run that holds it was the job's last: it ends when no run holds it
+    last: bool = False
 
     def message(self) -> dict[str, Any]:
         """The `runner` field of the executor's run message (kassay.worker.executor)."""
@@ -63,25 +85,30 @@ class RunnerLease:
 
 
 class RunnerLeases:
-    """The leases of the runs on one supervisor."""
+    """The leases of the jobs on one supervisor."""
 
     def __init__(self, host: LeaseHost) -> None:
         self.host = host
         self.leases: dict[str, RunnerLease] = {}
 
     @staticmethod
-    def key(run_id: str, digests: list[str]) -> str:
-        return f"{run_id}/{'+'.join(sorted(digests))}"
+    def key(job_id: str, digests: list[str]) -> str:
+        return f"{job_id}/{'+'.join(sorted(digests))}"
 
-    async def lease(self, run_id: str, digests: list[str]) -> RunnerLease:
-        """The run's lease for these artifacts, made on first use (GroupRefused when an
-        artifact cannot be installed)."""
-        key = self.key(run_id, digests)
-        if key in self.leases:
-            return self.leases[key]
-        paths = await self._install(digests)
-        if key in self.leases:  # made meanwhile
-            return self.leases[key]
+    async def lease(self, run: JobRun, digests: list[str]) -> RunnerLease:
+        """The job's lease for these artifacts, made on the first use by any run of the job
+        (GroupRefused when an artifact cannot be installed); `run` holds it until it ends."""
+        key = self.key(run.job_id, digests)
+        if key not in self.leases:
+            paths = await self._install(digests)
+            if key not in self.leases:  # not made meanwhile
+                self.leases[key] = self._make(key, run.job_id, paths)
+        lease = self.leases[key]
+        lease.runs.add(run.run_id)
+        lease.last = lease.last or run.job_last
+        return lease
+
+    def _make(self, key: str, job_id: str, paths: dict[str, str]) -> RunnerLease:
         offset = self._free_offset()
         uid = self.host.sandbox_config.uid + offset
         workdir, xchg = self._fresh_workdir(uid)
@@ -96,27 +123,54 @@ class RunnerLeases:
             namespaces=bool(caps and caps.namespaces) and self.host.sandbox_config.namespaces,
             landlock=bool(caps and caps.landlock_abi) and self.host.sandbox_config.landlock,
         )
-        lease = RunnerLease(key, run_id, paths, workdir, xchg, offset, config)
-        self.leases[key] = lease
-        return lease
+        return RunnerLease(key, job_id, set(), paths, workdir, xchg, offset, config)
 
-    def of_run(self, run_id: str) -> list[str]:
-        return [k for k, lease in self.leases.items() if lease.run_id == run_id]
+    def ending_with(self, run: JobRun) -> list[str]:
+        """The leases that end when `run` does: no other run of the job on the worker holds
+        them, and it or one before it was the job's last."""
+        return [
+            k
+            for k, le in self.leases.items()
+            if le.runs == {run.run_id} and (le.last or run.job_last)
+        ]
 
-    def release_run(self, run_id: str) -> list[str]:
-        """End the run's leases: their folders removed, their users free. Returns their keys
-        (the executor must end those runners, if it has not)."""
-        keys = self.of_run(run_id)
+    def release_run(self, run: JobRun) -> tuple[list[str], list[str]]:
+        """`run` is over: (the keys of the leases that end now, removed; the keys no run holds
+        any more that wait for the job's next run, `end_idle` after RUNNER_LINGER_S)."""
+        ended: list[str] = []
+        idle: list[str] = []
+        for key, lease in list(self.leases.items()):
+            if run.run_id not in lease.runs:
+                continue
+            lease.runs.discard(run.run_id)
+            if lease.runs:
+                continue
+            if run.job_last or lease.last:
+                self._remove(key)
+                ended.append(key)
+            else:
+                idle.append(key)
+        return ended, idle
+
+    def end_idle(self, key: str) -> bool:
+        """End the lease if still no run holds it (True: the executor must end its runner)."""
+        lease = self.leases.get(key)
+        if lease is None or lease.runs:
+            return False
+        self._remove(key)
+        return True
+
+    def release_all(self) -> list[str]:
+        keys = list(self.leases)
         for key in keys:
-            lease = self.leases.pop(key)
-            shutil.rmtree(lease.workdir, ignore_errors=True)
-            shutil.rmtree(lease.exchange, ignore_errors=True)
-            self.host.sandbox_uids.discard(lease.offset)
+            self._remove(key)
         return keys
 
-    def release_all(self) -> None:
-        for run_id in {lease.run_id for lease in self.leases.values()}:
-            self.release_run(run_id)
+    def _remove(self, key: str) -> None:
+        lease = self.leases.pop(key)
+        shutil.rmtree(lease.workdir, ignore_errors=True)
+        shutil.rmtree(lease.exchange, ignore_errors=True)
+        self.host.sandbox_uids.discard(lease.offset)
 
     async def _install(self, digests: list[str]) -> dict[str, str]:
         cache = self.host.artifacts

@@ -320,6 +320,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             )
         if len(request.run_id) > MAX_ID_CHARS:
             raise refuse(["run_id"], "too long", f"run_id: at most {MAX_ID_CHARS} characters")
+        if len(request.job_id) > MAX_ID_CHARS:
+            raise refuse(["job_id"], "too long", f"job_id: at most {MAX_ID_CHARS} characters")
         if request.HasField("case_timeout_s") and not request.case_timeout_s >= 0:
             raise refuse(["case_timeout_s"], "negative", "case_timeout_s: must not be negative")
         for i, g in enumerate(request.groups):
@@ -373,6 +375,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
         handle = RunHandle(
             run_id=run_id,
+            # a run without a job is a job of its own: its code runners end with it
+            job_id=request.job_id,
+            job_last=request.job_last or not request.job_id,
             sink=sink,
             include_mutants=include_mutants,
             case_timeout_s=timeout,

@@ -38,7 +38,7 @@ from kassay.worker.executor_process import (
     summarize_stderr,
 )
 from kassay.worker.group_run import GroupRun, QueuedGroup, RunHandle, RunSink
-from kassay.worker.runner_leases import RunnerLeases
+from kassay.worker.runner_leases import RUNNER_LINGER_S, RunnerLeases
 from kassay.worker.sandbox import Capabilities, SandboxConfig
 
 log = logging.getLogger(__name__)
@@ -211,11 +211,23 @@ class Supervisor:
 
     def _finish_run(self, run: RunHandle) -> None:
         self._runs.pop(run.run_id, None)
-        # the run's impl runners end with it (after its last group, or now: a cancelled run)
-        for key in self.runners.release_run(run.run_id):
-            if self._executor is not None and self._executor.returncode is None:
-                self._executor.send({"type": "end_runner", "key": key})
+        # the job's impl runners end with its last run (after its last group, or now: a
+        # cancelled run); else they wait a while for the job's next run
+        ended, idle = self.runners.release_run(run)
+        for key in ended:
+            self._end_runner(key)
+        for key in idle:
+            asyncio.get_running_loop().call_later(RUNNER_LINGER_S, self._end_idle_runner, key)
         run.sink.finished()
+
+    def _end_runner(self, key: str) -> None:
+        if self._executor is not None and self._executor.returncode is None:
+            self._executor.send({"type": "end_runner", "key": key})
+
+    def _end_idle_runner(self, key: str) -> None:
+        if self.runners.end_idle(key):
+            log.info("impl runner %s ended: no run of its job for %g s", key, RUNNER_LINGER_S)
+            self._end_runner(key)
 
     def _group_done(
         self, run: RunHandle, group: GroupSpec, n: int, not_run: list[str], reason: str, t0: float

@@ -81,11 +81,17 @@ class Runs:
             first.group.group_id,
             first.attempt,
         )
+        # a code job's runs share the worker's impl runner of its artifacts; with nothing of
+        # the job left to dispatch, the runner ends with this run instead of waiting for more
+        brings_code = any(c.group.artifacts for c in claims)
+        last = brings_code and await asyncio.to_thread(self.store.queue.job_pending, job_id) == 0
         try:
             request = pb.RunRequest(
                 run_id=run_id,
                 groups=[group_to_proto(c.group) for c in claims],
                 include_mutants=self.settings.enable_mutants,
+                job_id=job_id,
+                job_last=last,
             )
         except Exception as exc:  # admission should have refused it; never leave it leased
             log.exception("group(s) of %s cannot be sent to a worker", job_id)

@@ -87,6 +87,17 @@ class GroupQueue:
                 or 0
             )
 
+    def job_pending(self, job_id: str) -> int:
+        """How many of the job's groups wait to be dispatched."""
+        with self.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    select(func.count())
+                    .select_from(groups)
+                    .where(and_(groups.c.job_id == job_id, groups.c.state == "pending"))
+                ).scalar_one()
+            )
+
     # ---------------------------------------------------------------- groups
 
     def claim_groups(
