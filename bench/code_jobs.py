@@ -3,7 +3,8 @@
 One `kassay serve`; the TransformerEngine seed grid (lse_merge, T=64 Hh=4 D=32, K in {2, 4},
 float32 and bfloat16, mode merge, default coverage: 22 input groups) submitted four times:
 
-  builtin-cold  impls torch, kassay, alt_logsumexp (built-ins): the float64 references computed
+  builtin-cold  impls torch, alt_logsumexp, alt_pairwise (built-ins of the same math as the two
+                uploads, correct alternatives of the self-test's corpus): the float64 references computed
   builtin-warm  the same again: references from the worker's cache
   code          impls torch, up_merge, up_te: the last two from two uploaded single-file
                 modules, run in the job's sandboxed impl runner (references cached)
@@ -187,7 +188,9 @@ def main() -> None:
         with Client(url, timeout=120) as kc:
             digests = [kc.artifacts.upload(data / n).digest for n in ("kassay_up_merge.py",)]
             digests.append(kc.artifacts.upload(data / "kassay_up_te.py").digest)
-            builtin = ["torch", "kassay", "alt_logsumexp"]
+            # like for like: built-ins of the same math as the uploads (torch code, no Triton
+            # kernel, which the CPU interpreter would make the slowest part)
+            builtin = ["torch", "alt_logsumexp", "alt_pairwise"]
             code = ["torch", "up_merge", "up_te"]
             # one small job first: the executor's first group pays its own warm-up
             small = {"T": 8, "Hh": 2, "D": 8, "K": 2, "mode": "merge"}
