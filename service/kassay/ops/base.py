@@ -87,6 +87,10 @@ class OutputSpec:
 Tensors = dict[str, "torch.Tensor"]
 
 
+def _name(fn: Any) -> str:
+    return f"function {getattr(fn, '__qualname__', None) or fn!r}"
+
+
 class Op(ABC):
     """Base class of an op. Subclasses are stateless singletons registered in `kassay.ops`."""
 
@@ -111,6 +115,12 @@ class Op(ABC):
     #: SLOT ("head" | "merge"), wrap(impl, params, calls) and, optionally, CONTROL (the correct
     #: alternative impl trained as the control arm); None: no convergence suite for this op
     convergence_module: ClassVar[str | None] = None
+    #: module whose `from_callable(fn) -> (run, supports | None)` turns a function written in
+    #: the op's calling convention (its harness) into an impl's run (kassay.testing); None:
+    #: a function must be the registry's own `run(inputs, params) -> outputs`
+    harness_module: ClassVar[str | None] = None
+    #: the calling convention in one line, for errors (kassay.testing)
+    harness_doc: ClassVar[str] = "run(inputs, params) -> {output name: tensor}"
     #: the unit its speed is shown in by default: "tflops" (compute-bound) or "gbps"
     #: (memory-bound); the plots offer the others too
     speed_unit: ClassVar[str] = "tflops"
@@ -135,6 +145,19 @@ class Op(ABC):
         shape fields). ValueError saying why for an op without a convergence slot or options
         the model cannot train with. Torch-free: the API expands suites with it."""
         raise ValueError(f"op {self.name!r} has no place in the convergence model")
+
+    def from_callable(self, fn: Any) -> tuple[Any, Any]:
+        """(run, supports or None) of a user's function in this op's calling convention;
+        TypeError saying what does not fit (kassay.testing)."""
+        if self.harness_module is not None:
+            return importlib.import_module(self.harness_module).from_callable(fn)
+        from kassay.ops.callables import signature_misfit
+
+        misfit = signature_misfit(fn, ("inputs", "params"))
+        if misfit:
+            raise TypeError(f"{_name(fn)} does not fit op {self.name!r}: {misfit}; "
+                            f"expected {self.harness_doc}")
+        return fn, None
 
     def probes_module(self) -> ModuleType | None:
         """The self-test's probes of this op (kassay.ops.probes), None where it has none."""

@@ -102,6 +102,8 @@ class FlceOp(Op):
     corpus_modules = ("kassay.ops.flce.mutants", "kassay.ops.flce.alternatives")
     coverage_module = "kassay.ops.flce.coverage"
     probes = "kassay.ops.flce.probes"
+    harness_module = "kassay.ops.flce.harness"
+    harness_doc = "loss_fn(x, weight, target, bias, params[, ce_weight=]) -> loss | (loss, z_loss)"
     convergence_module = "kassay.ops.flce.convergence"
 
     #: options the convergence model trains with (the rest change what the head returns, or

@@ -89,6 +89,21 @@ def as_run(loss_fn: LossFn) -> Callable[[Tensors, Any], Tensors]:
     return run
 
 
+def from_callable(loss_fn: LossFn) -> tuple[Callable[[Tensors, Any], Tensors], None]:
+    """A user's loss_fn as an impl's run (kassay.testing); TypeError saying what does not fit
+    the convention above."""
+    from kassay.ops.callables import signature_misfit
+
+    misfit = signature_misfit(loss_fn, ("x", "weight", "target", "bias", "params"))
+    if misfit:
+        raise TypeError(
+            f"{getattr(loss_fn, '__qualname__', loss_fn)!r} does not fit op 'flce': {misfit}; "
+            "expected loss_fn(x, weight, target, bias, params[, ce_weight=]) -> loss | "
+            "(loss, z_loss)"
+        )
+    return as_run(loss_fn), None
+
+
 def _grad(t: torch.Tensor, name: str) -> torch.Tensor:
     if t.grad is None:
         raise RuntimeError(f"no gradient reached {name}")
@@ -118,6 +133,7 @@ def z_loss_term(lse: torch.Tensor, valid: torch.Tensor, params: FlceParams) -> t
 
 
 __all__ = [
+    "from_callable",
     "LossFn",
     "Tensors",
     "as_run",

@@ -65,6 +65,11 @@ class LseMergeOp(Op):
     corpus_modules = ("kassay.ops.lse_merge.mutants", "kassay.ops.lse_merge.alternatives")
     coverage_module = "kassay.ops.lse_merge.coverage"
     probes = "kassay.ops.lse_merge.probes"
+    harness_module = "kassay.ops.lse_merge.harness"
+    harness_doc = (
+        "merge(outs, lses, *, lse_layout, accumulate) -> (out, lse), or the in-place step "
+        "update(out, lse, out_step, lse_step, *, lse_layout, second_half, acc)"
+    )
     convergence_module = "kassay.ops.lse_merge.convergence"
     speed_unit = "gbps"  # ~1 FLOP per byte: memory-bound
 

@@ -176,7 +176,32 @@ __all__ = [
     "Tensors",
     "UpdateFn",
     "as_run",
+    "from_callable",
     "lse_seq_slice",
     "step_update",
     "supports_modes",
 ]
+
+
+def from_callable(
+    fn: Callable[..., Any],
+) -> tuple[Callable[[Tensors, Any], Tensors], Callable[[Any, torch.device], str | None]]:
+    """A user's function as an impl's run (kassay.testing): a K-way merge (LseMerge) or an
+    in-place step (LseUpdate), told apart by what it takes; TypeError saying what does not fit
+    when it is neither."""
+    from kassay.ops.callables import signature_misfit
+
+    as_merge = signature_misfit(fn, ("outs", "lses"), ("lse_layout", "accumulate"))
+    if as_merge is None:
+        return as_run(merge=fn), supports_modes(merge=True, update=False)
+    as_update = signature_misfit(
+        fn, ("out", "lse", "out_step", "lse_step"), ("lse_layout", "second_half", "acc")
+    )
+    if as_update is None:
+        return as_run(update=fn), supports_modes(merge=False, update=True)
+    name = getattr(fn, "__qualname__", fn)
+    raise TypeError(
+        f"{name!r} does not fit op 'lse_merge': as a K-way merge "
+        f"merge(outs, lses, *, lse_layout, accumulate): {as_merge}; as an in-place step "
+        f"update(out, lse, out_step, lse_step, *, lse_layout, second_half, acc): {as_update}"
+    )
