@@ -22,6 +22,8 @@ import httpx
 import pytest
 from users import user_env
 
+from kassay.validate.results import Report
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,8 +92,15 @@ def _wait_ready(url: str, serve: subprocess.Popen[bytes], log: Path) -> None:
     pytest.fail(f"kassay serve not ready:\n{log.read_text()[-3000:]}")
 
 
-def test_a_wheel_install_with_an_editable_plugin_runs_code_jobs(procs, tmp_path: Path) -> None:
-    bin_dir = _fresh_venv(tmp_path)
+@pytest.fixture(scope="module")
+def fresh_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _fresh_venv(tmp_path_factory.mktemp("fresh"))
+
+
+def test_a_wheel_install_with_an_editable_plugin_runs_code_jobs(
+    procs, tmp_path: Path, fresh_bin: Path
+) -> None:
+    bin_dir = fresh_bin
     kassay = str(bin_dir / "kassay")
     where = subprocess.run(
         [bin_dir / "python", "-c", "import kassay, kassay_rmsnorm; print(kassay.__file__)"],
@@ -100,7 +109,7 @@ def test_a_wheel_install_with_an_editable_plugin_runs_code_jobs(procs, tmp_path:
         check=True,
         cwd=tmp_path,
     ).stdout
-    assert str(tmp_path / "venv") in where, where  # kassay from the wheel, not the sources
+    assert str(fresh_bin.parent) in where, where  # kassay from the wheel, not the sources
     pkg = tmp_path / "kernel-package"
     shutil.copytree(ROOT / "examples" / "kernel-package", pkg)
     subprocess.run(
@@ -161,3 +170,49 @@ def test_a_wheel_install_with_an_editable_plugin_runs_code_jobs(procs, tmp_path:
         serve.terminate()
         serve.wait(timeout=60)
     assert "PermissionError" not in log.read_text()
+
+
+#: a kernel repository's test file (#39): two correct functions (an fp32 cross-entropy written
+#: otherwise than torch's, a logsumexp merge) and three broken ones
+USER_TESTS = Path(__file__).with_name("data") / "user_kernel_tests.py"
+REPORTS = ["--junitxml", "junit.xml", "--kassay-report", "kassay.json"]
+
+
+def test_a_kernel_repos_pytest_file_gets_kassays_verdicts(tmp_path: Path, fresh_bin: Path) -> None:
+    """#39: with kassay installed from its wheel, plain `pytest` on a user's file: the correct
+    functions pass, each broken one fails with a first line naming the output, the metric, its
+    value and the limit; --kassay-report writes a report of the schema."""
+    work = tmp_path / "kernels"
+    work.mkdir()
+    shutil.copy(USER_TESTS, work / "test_user_kernels.py")
+    done = subprocess.run(
+        [fresh_bin / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider", *REPORTS],
+        cwd=work,
+        env=user_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]  # tests failed
+    import xml.etree.ElementTree as ET
+
+    outcome = {}
+    for case in ET.parse(work / "junit.xml").iter("testcase"):
+        failure = case.find("failure")
+        outcome[case.get("name")] = "" if failure is None else failure.get("message") or ""
+    assert outcome["test_flce"] == "" and outcome["test_merge"] == "", outcome
+    first = {k: v.split("\n")[0] for k, v in outcome.items() if v}
+    assert set(first) == {"test_flce_scaled", "test_flce_half_lse", "test_merge_naive"}, first
+    for line in first.values():
+        assert "KernelAssertionError: kassay: " in line, line
+    for name in ("test_flce_scaled", "test_flce_half_lse"):
+        found = re.search(r"output (\w+): max_abs (\S+) > (\S+);.*\[max_abs limit", first[name])
+        assert found and float(found.group(2)) > float(found.group(3)), first[name]
+    assert "output out: " in first["test_merge_naive"]
+    assert "NaN/Inf element(s) where the reference is finite" in first["test_merge_naive"]
+    report = Report.model_validate_json((work / "kassay.json").read_text())
+    by_impl: dict[str, set[str]] = {}
+    for c in report.cases:
+        by_impl.setdefault(c.impl, set()).add(c.status)
+    assert by_impl["flce"] == {"passed"} and by_impl["merge"] == {"passed"}, by_impl
+    assert "failed" in by_impl["flce_scaled"] and "failed" in by_impl["merge_naive"], by_impl

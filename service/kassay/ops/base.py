@@ -155,8 +155,9 @@ class Op(ABC):
 
         misfit = signature_misfit(fn, ("inputs", "params"))
         if misfit:
-            raise TypeError(f"{_name(fn)} does not fit op {self.name!r}: {misfit}; "
-                            f"expected {self.harness_doc}")
+            raise TypeError(
+                f"{_name(fn)} does not fit op {self.name!r}: {misfit}; expected {self.harness_doc}"
+            )
         return fn, None
 
     def probes_module(self) -> ModuleType | None:

@@ -25,7 +25,6 @@ from kassay.validate.spec import (
     expand,
 )
 
-
 #: a case's statuses that are not a verdict on the impl: it is skipped, not failed
 _NOT_A_VERDICT = ("skipped", "unsupported")
 #: how many of an output's worst elements the message shows
@@ -145,7 +144,8 @@ def assert_kernel(
                 tolerance=policy,
                 timed=timed,
             )
-    results = _run(groups, scoped_impls, device or SESSION["device"])
+    hidden = isinstance(impl, Impl) and impl.kind in ("mutant", "alternative", "testing")
+    results = _run(groups, scoped_impls, device or SESSION["device"], hidden=hidden)
     record = SESSION["record"]
     if record is not None:
         for r in results:
@@ -179,7 +179,8 @@ def _resolve(op: Any, impl: Any) -> tuple[str, list[Impl]]:
         if impl.op != op.name:
             raise ValueError(f"impl {impl.name!r} is of op {impl.op!r}, not {op.name!r}")
         try:
-            registered = get_impl(op.name, impl.name)
+            # the self-test's corpora too: a mutant's Impl is judged as `kassay run` judges it
+            registered = get_impl(op.name, impl.name, include_mutants=True, include_testing=True)
         except Exception:
             return impl.name, [impl]
         if registered is impl:
@@ -245,7 +246,8 @@ def _expand(
 
 
 def _check_impl(op: str, name: str) -> None:
-    get_impl(op, name)
+    # the hidden kinds (mutants, alternatives) reach here only as an Impl a caller passed
+    get_impl(op, name, include_mutants=True, include_testing=True)
 
 
 def _timing(timed: bool) -> TimingPolicy:
@@ -296,7 +298,10 @@ def _group(case: Case, impl: str, baseline: str, policy: TolerancePolicy, timed:
 # ------------------------------------------------------------------------------ the run
 
 
-def _run(groups: Iterable[GroupSpec], impls: list[Impl], device: str) -> list[CaseResult]:
+def _run(
+    groups: Iterable[GroupSpec], impls: list[Impl], device: str, *, hidden: bool
+) -> list[CaseResult]:
+    """`hidden`: the impl is of the self-test's corpora (a mutant, an alternative)."""
     from kassay.validate.case_result import case_result
     from kassay.validate.engine import run_group
 
@@ -306,7 +311,14 @@ def _run(groups: Iterable[GroupSpec], impls: list[Impl], device: str) -> list[Ca
             if g.skip:  # a combination the op refuses: reported, never run
                 results += [case_result(g, i, "skipped", g.skip) for i in g.impls]
                 continue
-            results += run_group(g, device=device, worker="local", ceilings=False)
+            results += run_group(
+                g,
+                device=device,
+                worker="local",
+                ceilings=False,
+                include_mutants=hidden,
+                include_testing=hidden,
+            )
     return results
 
 
@@ -371,4 +383,3 @@ def _details(r: CaseResult) -> list[str]:
                 f"|err| {w.abs_err:.3g})"
             )
     return lines
-

@@ -7,6 +7,10 @@
                            fast; verdicts do not depend on timing)
     --kassay-device DEV    auto (default: CUDA when present), cpu, cuda, cuda:N
 
+Without a GPU (no nvidia-smi) and with TRITON_INTERPRET unset, the plugin sets
+TRITON_INTERPRET=1 before the test modules are imported, as `kassay run` does: Triton kernels
+then run under Triton's CPU interpreter.
+
 The `kassay` fixture is kassay.testing itself (`kassay.assert_kernel(...)`, `kassay.cases(...)`);
 a test that uses it is marked `kassay`, so `pytest -m kassay` runs those alone.
 """
@@ -49,6 +53,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    from kassay.cli import ensure_triton_mode
+
+    # before the test modules import their Triton kernels: without a GPU they run under
+    # Triton's CPU interpreter, as in `kassay run` (TRITON_INTERPRET set by the user wins)
+    ensure_triton_mode()
     config.addinivalue_line("markers", "kassay: a test that asserts kernels with kassay")
     report = config.getoption("--kassay-report")
     if report:

@@ -7,9 +7,9 @@ against the models by a test); the worker's protobuf messages mirror them field 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
 from kassay.validate.comparison import Comparison
 
@@ -36,11 +36,25 @@ STATUSES: tuple[str, ...] = (
 )
 
 
+def _null_is_nan(v: Any) -> Any:
+    return float("nan") if v is None else v
+
+
+#: an element's value, which may be NaN or ±Inf: JSON has no such numbers, so the report writes
+#: null (pydantic's default), and reading null gives NaN back (a report with a NaN element
+#: once failed its own schema and could not be read back)
+MaybeFinite = Annotated[
+    float,
+    BeforeValidator(_null_is_nan),
+    WithJsonSchema({"type": ["number", "null"], "description": "null: NaN or infinite"}),
+]
+
+
 class WorstEntry(BaseModel):
     index: list[int]
-    value: float
-    reference: float
-    abs_err: float
+    value: MaybeFinite
+    reference: MaybeFinite
+    abs_err: MaybeFinite
 
 
 class OutputMetrics(BaseModel):

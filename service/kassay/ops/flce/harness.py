@@ -133,11 +133,11 @@ def z_loss_term(lse: torch.Tensor, valid: torch.Tensor, params: FlceParams) -> t
 
 
 __all__ = [
-    "from_callable",
     "LossFn",
     "Tensors",
     "as_run",
     "autocast_ctx",
+    "from_callable",
     "token_accuracy",
     "z_loss_term",
 ]
