@@ -115,6 +115,7 @@ def test_an_artifact_on_cuda_runs_through_ipc_in_the_sandbox() -> None:
 
 def _artifact_on_cuda(tmp_path: Path) -> None:
     from kassay.impls import load
+    from kassay.impls.registry import scoped
     from kassay.validate.engine import run_group
     from kassay.validate.spec import GroupSpec
     from kassay.worker.remote_impls import RemoteImpls
@@ -167,7 +168,10 @@ def _artifact_on_cuda(tmp_path: Path) -> None:
             params={"T": 512, "Hh": 4, "D": 64, "K": 3, "dtype": "bfloat16"},
             impls=["torch", "g_scribble", "g_honest"],
         )
-        run_group(group, device=dev, on_result=results.append)
+        # the executor registers a runner's impls for the length of a group (#42)
+        with scoped(remote.impls) as refused:
+            assert refused == {}, refused
+            run_group(group, device=dev, on_result=results.append)
         status = {r.impl: (r.status, r.message[:300], r.ran_in) for r in results}
         assert status == {
             "torch": ("passed", "", "trusted"),
