@@ -79,9 +79,11 @@ def get_op(name: str) -> Op:
     try:
         return _OPS[name]
     except KeyError:
+        from kassay.errors import did_you_mean
+
         names = sorted(_OPS)
         raise UnknownOpError(
-            f"unknown op {name!r}; known ops: {', '.join(names)}",
+            f"unknown op {name!r}{did_you_mean(name, names)}; known ops: {', '.join(names)}",
             details={"field": "op", "allowed": names},
         ) from None
 
