@@ -19,7 +19,7 @@ from kassay.validate.compare import (
 )
 from kassay.validate.comparison import DEFAULT_THRESHOLD
 from kassay.validate.median_ratio import DEFAULT_CONFIDENCE
-from kassay.validate.results import CaseResult, Report
+from kassay.validate.results import BAD_STATUSES, CaseResult, Report
 
 #: the tolerance factor of suites that set none (kassay.validate.spec's default)
 DEFAULT_FACTOR = 2.0
@@ -110,7 +110,7 @@ def keyed_choices(report: Report, kinds: Sequence[str]) -> list[tuple[str, CaseR
 
 
 #: statuses that count as broken on the history overview
-BROKEN = ("failed", "error", "crashed", "timeout")
+BROKEN = BAD_STATUSES
 
 
 def broken_since(reports: Sequence[Report], regressed: Sequence[set[str]]) -> list[dict[str, Any]]:

@@ -22,13 +22,19 @@ from kassay.reports import convergence
 from kassay.reports.cases import failed_limits
 from kassay.reports.comparison_html import comparison_html
 from kassay.reports.text import _finite, e, json_for_script, num
-from kassay.validate.results import CaseResult, OutputMetrics, Report
+from kassay.validate.results import (
+    BAD_STATUSES,
+    NOT_JUDGED,
+    STATUSES,
+    CaseResult,
+    OutputMetrics,
+    Report,
+)
 
-BAD_STATUSES = ("failed", "error", "crashed", "timeout")
 #: table order: failures first, then what ran, then what did not
-STATUS_RANK = {s: i for i, s in enumerate((*BAD_STATUSES, "passed", "unsupported", "skipped"))}
+STATUS_RANK = {s: i for i, s in enumerate((*BAD_STATUSES, "passed", *NOT_JUDGED))}
 #: the status counts a summary shows; they add up to the job's total with `pending`
-COUNTED = ("passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped")
+COUNTED = STATUSES
 
 
 # ------------------------------------------------------------------------------ the limits

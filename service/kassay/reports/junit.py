@@ -9,7 +9,7 @@ from collections import defaultdict
 
 from kassay.reports.cases import worst_output_lines
 from kassay.reports.comparison_markdown import junit_message, regressions_by_case
-from kassay.validate.results import CaseResult, Report
+from kassay.validate.results import NOT_JUDGED, CaseResult, Report
 
 
 def to_junit(report: Report) -> str:
@@ -46,7 +46,7 @@ def to_junit(report: Report) -> str:
             tests=str(len(cases)),
             failures=str(sum(c.status == "failed" or c.case_id in regressed for c in cases)),
             errors=str(sum(c.status in ("error", "crashed", "timeout") for c in cases)),
-            skipped=str(sum(c.status in ("unsupported", "skipped") for c in cases)),
+            skipped=str(sum(c.status in NOT_JUDGED for c in cases)),
         )
         for c in cases:
             t = c.timing.median_ms / 1e3 if c.timing else c.duration_s
@@ -86,7 +86,7 @@ def to_junit(report: Report) -> str:
             elif c.status in ("error", "crashed", "timeout"):
                 e = ET.SubElement(tc, "error", message=c.message[:500], type=c.status)
                 e.text = c.message
-            elif c.status in ("unsupported", "skipped"):
+            elif c.status in NOT_JUDGED:
                 ET.SubElement(tc, "skipped", message=f"{c.status}: {c.message}"[:500])
             elif c.case_id in regressed:
                 msg = junit_message(regressed[c.case_id])

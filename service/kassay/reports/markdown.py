@@ -18,7 +18,7 @@ from kassay.reports.cases import (
 )
 from kassay.reports.comparison_markdown import to_markdown as comparison_markdown
 from kassay.reports.text import md as _md
-from kassay.validate.results import CaseResult, Report
+from kassay.validate.results import BAD_STATUSES, CaseResult, Report
 
 
 def to_markdown(report: Report) -> str:
@@ -41,7 +41,7 @@ def to_markdown(report: Report) -> str:
     if checks_line(s):
         out.append("")
         out.append(f"**Checks**: {checks_line(s)}")
-    bad = [c for c in report.cases if c.status in ("failed", "error", "crashed", "timeout")]
+    bad = [c for c in report.cases if c.status in BAD_STATUSES]
     if bad:
         out += ["", "### Not passing", "", "| case | status | what broke |", "|---|---|---|"]
         for c in bad[:50]:

@@ -14,7 +14,7 @@ from typing import Any
 from kassay.impls.registry import Impl, get_impl, load, scoped
 from kassay.ops import get_op
 from kassay.testing.session import SESSION
-from kassay.validate.results import CaseResult
+from kassay.validate.results import NOT_JUDGED, CaseResult
 from kassay.validate.spec import (
     DEFAULT_MAX_CASES,
     GroupSpec,
@@ -25,8 +25,6 @@ from kassay.validate.spec import (
     expand,
 )
 
-#: a case's statuses that are not a verdict on the impl: it is skipped, not failed
-_NOT_A_VERDICT = ("skipped", "unsupported")
 #: how many of an output's worst elements the message shows
 _WORST = 5
 
@@ -150,7 +148,7 @@ def assert_kernel(
     if record is not None:
         for r in results:
             record(r)
-    judged = [r for r in results if r.status not in _NOT_A_VERDICT]
+    judged = [r for r in results if r.status not in NOT_JUDGED]
     bad = [r for r in judged if r.status != "passed"]
     if bad:
         raise KernelAssertionError(_message(bad, len(judged), policy.factor), results)

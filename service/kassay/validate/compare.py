@@ -52,9 +52,16 @@ from kassay.validate.median_ratio import (
     median_ratio,
     paired_run,
 )
-from kassay.validate.results import CaseResult, Environment, OutputMetrics, Report, TimingStats
+from kassay.validate.results import (
+    BAD_STATUSES,
+    CaseResult,
+    Environment,
+    OutputMetrics,
+    Report,
+    TimingStats,
+)
 
-FAILING = frozenset({"failed", "error", "crashed", "timeout"})
+FAILING = frozenset(BAD_STATUSES)
 #: peak-memory changes smaller than this are allocator granularity, not a regression
 MEMORY_FLOOR_BYTES = 64 << 10
 #: unit roundoff per dtype: the rel_l2 rounding floor when a result does not record its own

@@ -7,7 +7,7 @@ against the models by a test); the worker's protobuf messages mirror them field 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
@@ -25,15 +25,14 @@ Status = Literal["passed", "failed", "error", "crashed", "timeout", "unsupported
 #   biased: an output is scaled by a systematic factor beyond the baseline's.
 FLAGS: tuple[str, ...] = ("baseline_suspect", "baseline_explained", "nondeterministic", "biased")
 
-STATUSES: tuple[str, ...] = (
-    "passed",
-    "failed",
-    "error",
-    "crashed",
-    "timeout",
-    "unsupported",
-    "skipped",
-)
+#: every case status, in report order (the one list: the store's count columns, the reports'
+#: tallies and the summary read it)
+STATUSES: tuple[str, ...] = get_args(Status)
+#: the statuses of a case that ran and was judged wrong, or did not finish
+BAD_STATUSES: tuple[str, ...] = ("failed", "error", "crashed", "timeout")
+#: the statuses that are no verdict on the impl (it cannot run these params; the device cannot
+#: judge them): skipped in JUnit and pytest, not counted by the self-test
+NOT_JUDGED: tuple[str, ...] = ("unsupported", "skipped")
 
 
 def _null_is_nan(v: Any) -> Any:

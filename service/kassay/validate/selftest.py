@@ -25,7 +25,7 @@ from kassay.ops import all_ops, get_op
 from kassay.ops.probes import CORRECT, Probe
 from kassay.validate.engine import run_group
 from kassay.validate.env import resolve_device
-from kassay.validate.results import CaseResult
+from kassay.validate.results import BAD_STATUSES, NOT_JUDGED, CaseResult
 from kassay.validate.spec import (
     GroupSpec,
     JobSpec,
@@ -37,7 +37,7 @@ from kassay.validate.spec import (
 
 #: statuses of a correct impl's case that are not a verdict (it cannot run these params, or the
 #: device cannot judge them: kassay.validate.interpreter)
-NOT_COUNTED = ("unsupported", "skipped")
+NOT_COUNTED = NOT_JUDGED
 
 
 def probes() -> list[Probe]:
@@ -83,7 +83,7 @@ class ProbeResult:
 
     @property
     def detected(self) -> bool:
-        return any(c.status in ("failed", "error", "crashed", "timeout") for c in self.mutant_cases)
+        return any(c.status in BAD_STATUSES for c in self.mutant_cases)
 
     @property
     def false_failures(self) -> list[CaseResult]:

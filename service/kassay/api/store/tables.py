@@ -29,9 +29,11 @@ from sqlalchemy import (
     Text,
 )
 
+from kassay.validate.results import STATUSES
+
 metadata = MetaData()
 
-STATUS_COLUMNS = ("passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped")
+STATUS_COLUMNS = STATUSES  # a count column per case status
 
 jobs = Table(
     "jobs",
