@@ -424,7 +424,10 @@ def test_each_job_gets_a_fresh_working_directory_removed_when_it_ends(
             spec = _spec(["torch", "w_where"], [digest], K=[2, 3, 4, 5, 6, 7])
             job = kc.jobs.wait(kc.jobs.create(spec).id, timeout=180)
             report = kc.jobs.report(job.id)
-            assert all(c.status == "passed" for c in report.cases if c.impl == "torch")
+            torch_cases = [c for c in report.cases if c.impl == "torch"]
+            assert all(c.status == "passed" for c in torch_cases), [
+                (c.status, c.message) for c in torch_cases
+            ]
             for case in report.cases:
                 if case.impl != "w_where":
                     continue

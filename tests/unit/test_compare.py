@@ -149,6 +149,74 @@ def test_host_normalised_cpu_comparisons_find_real_slowdowns() -> None:
         assert s is not None and s.verdict == "slower"
 
 
+def _wall_job(rng: random.Random, median: float, pressure: float | None) -> TimingStats:
+    """A wall-clock CPU timing of 30 repetitions with 2% noise, and the PSI share measured."""
+    t = stats(
+        [median * math.exp(rng.gauss(0, 0.02)) for _ in range(30)], "cpu_perf_counter", False, "cpu"
+    )
+    t.cpu_pressure = pressure
+    return t
+
+
+def test_a_busy_hosts_wall_clock_is_not_comparable_a_real_change_still_called() -> None:
+    """The same code timed while two other processes held the 2 cores: every repetition x2.3,
+    so the interval is tight and, without the host's CPU pressure, it reads "slower"; with the
+    pressure measured (0.6: inflation up to x2.5) it is "not comparable". A 30% slowdown on a
+    host that waited 1% of the window is still "slower", a 30% speed-up "faster"; the process
+    clock, which waiting does not advance, is judged as before."""
+    rng = random.Random(5)
+    quiet = _wall_job(rng, 1.0, 0.005)
+    blind = speed_change(_wall_job(rng, 2.3, None), quiet, 0.05, 0.99)
+    assert blind is not None and blind.verdict == "slower"
+    busy = speed_change(_wall_job(rng, 2.3, 0.6), quiet, 0.05, 0.99)
+    assert busy is not None and busy.verdict == "not_comparable"
+    # the baseline measured on the busy host hides a regression as well as it fakes one
+    hidden = speed_change(_wall_job(rng, 1.0, 0.005), _wall_job(rng, 1.3, 0.4), 0.05, 0.99)
+    assert hidden is not None and hidden.verdict == "not_comparable"
+    slower = speed_change(_wall_job(rng, 1.3, 0.01), quiet, 0.05, 0.99)
+    assert slower is not None and slower.verdict == "slower"
+    faster = speed_change(_wall_job(rng, 0.7, 0.01), quiet, 0.05, 0.99)
+    assert faster is not None and faster.verdict == "faster"
+    # 10% slower while the host waited 8% of the window (up to x1.087): more than the threshold
+    # could be the wait's, so no verdict
+    small = speed_change(_wall_job(rng, 1.1, 0.08), quiet, 0.05, 0.99)
+    assert small is not None and small.verdict == "not_comparable"
+    process = [_wall_job(rng, m, 0.6) for m in (1.3, 1.0)]
+    for t in process:
+        t.clock = "cpu_process_time"
+    p = speed_change(*process, 0.05, 0.99)
+    assert p is not None and p.verdict == "slower"
+
+
+def test_cpu_pressure_rises_when_other_processes_hold_every_core() -> None:
+    """The PSI reading the CPU timing records (kassay.validate.cpu_pressure): with a busy
+    process more than the cores, most of a second's window had a task waiting."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from kassay.validate.cpu_pressure import PressureWindow
+
+    window = PressureWindow()
+    if window.share(1.0) is None:
+        pytest.skip("this kernel has no pressure stall information")
+    busy = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range((os.cpu_count() or 1) + 1)
+    ]
+    try:
+        time.sleep(0.5)
+        window = PressureWindow()
+        t0 = time.perf_counter()
+        time.sleep(1.0)
+        share = window.share(time.perf_counter() - t0)
+    finally:
+        for p in busy:
+            p.kill()
+    assert share is not None and share > 0.5, share
+
+
 def test_paired_runs_need_one_calibration_per_sample() -> None:
     run = paired_run([2.0, 4.0, 3.0], [1.0, 2.0, 1.0])
     assert run is not None and run.samples == [2.0, 2.0, 3.0] and run.median == 2.0

@@ -501,6 +501,7 @@ class TimingStats(_message.Message):
     SAMPLES_MS_FIELD_NUMBER: _builtins.int
     CALIBRATION_FIELD_NUMBER: _builtins.int
     CALIBRATION_MS_FIELD_NUMBER: _builtins.int
+    CPU_PRESSURE_FIELD_NUMBER: _builtins.int
     clock: _builtins.str
     """cuda_events | cpu_perf_counter | cpu_process_time (CUDA: device time)"""
     n: _builtins.int
@@ -529,6 +530,8 @@ class TimingStats(_message.Message):
     power_capped: _builtins.bool
     calibration: _builtins.str
     """CPU: the calibration workload timed after each repetition"""
+    cpu_pressure: _builtins.float
+    """CPU: share of the timed window a task waited for a CPU (PSI)"""
     @_builtins.property
     def throttle_reasons(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -567,13 +570,16 @@ class TimingStats(_message.Message):
         samples_ms: _abc.Iterable[_builtins.float] | None = ...,
         calibration: _builtins.str | None = ...,
         calibration_ms: _abc.Iterable[_builtins.float] | None = ...,
+        cpu_pressure: _builtins.float | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_calibration", b"_calibration", "_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "calibration", b"calibration", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_calibration", b"_calibration", "_cpu_pressure", b"_cpu_pressure", "_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "calibration", b"calibration", "cpu_pressure", b"cpu_pressure", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "roofline_fraction", b"roofline_fraction", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "tflops", b"tflops", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_calibration", b"_calibration", "_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "calibration", b"calibration", "calibration_ms", b"calibration_ms", "clock", b"clock", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "samples_ms", b"samples_ms", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_calibration", b"_calibration", "_cpu_pressure", b"_cpu_pressure", "_gbps", b"_gbps", "_graph_fallback", b"_graph_fallback", "_host_overhead_ms", b"_host_overhead_ms", "_power_limit_w", b"_power_limit_w", "_power_w", b"_power_w", "_roofline_fraction", b"_roofline_fraction", "_sm_clock_mhz", b"_sm_clock_mhz", "_speedup_vs_baseline", b"_speedup_vs_baseline", "_tflops", b"_tflops", "_wall_median_ms", b"_wall_median_ms", "calibration", b"calibration", "calibration_ms", b"calibration_ms", "clock", b"clock", "cpu_pressure", b"cpu_pressure", "gbps", b"gbps", "graph_fallback", b"graph_fallback", "host_overhead_ms", b"host_overhead_ms", "l2_flushed", b"l2_flushed", "mean_ms", b"mean_ms", "median_ms", b"median_ms", "mode", b"mode", "n", b"n", "p10_ms", b"p10_ms", "p90_ms", b"p90_ms", "power_capped", b"power_capped", "power_limit_w", b"power_limit_w", "power_w", b"power_w", "rel_sem", b"rel_sem", "roofline_fraction", b"roofline_fraction", "samples_ms", b"samples_ms", "sm_clock_mhz", b"sm_clock_mhz", "speedup_vs_baseline", b"speedup_vs_baseline", "std_ms", b"std_ms", "tflops", b"tflops", "throttle_reasons", b"throttle_reasons", "wall_median_ms", b"wall_median_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__calibration: _TypeAlias = _typing.Literal["calibration"]  # noqa: Y015
     _WhichOneofArgType__calibration: _TypeAlias = _typing.Literal["_calibration", b"_calibration"]  # noqa: Y015
+    _WhichOneofReturnType__cpu_pressure: _TypeAlias = _typing.Literal["cpu_pressure"]  # noqa: Y015
+    _WhichOneofArgType__cpu_pressure: _TypeAlias = _typing.Literal["_cpu_pressure", b"_cpu_pressure"]  # noqa: Y015
     _WhichOneofReturnType__gbps: _TypeAlias = _typing.Literal["gbps"]  # noqa: Y015
     _WhichOneofArgType__gbps: _TypeAlias = _typing.Literal["_gbps", b"_gbps"]  # noqa: Y015
     _WhichOneofReturnType__graph_fallback: _TypeAlias = _typing.Literal["graph_fallback"]  # noqa: Y015
@@ -596,6 +602,8 @@ class TimingStats(_message.Message):
     _WhichOneofArgType__wall_median_ms: _TypeAlias = _typing.Literal["_wall_median_ms", b"_wall_median_ms"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__calibration) -> _WhichOneofReturnType__calibration | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__cpu_pressure) -> _WhichOneofReturnType__cpu_pressure | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__gbps) -> _WhichOneofReturnType__gbps | None: ...
     @_typing.overload

@@ -241,6 +241,15 @@ def _host_normalised(new: TimingStats, old: TimingStats) -> tuple[Run, Run] | No
     return (a, b) if a is not None and b is not None else None
 
 
+def _wait_inflation(t: TimingStats) -> float:
+    """The most by which waiting for a CPU may have inflated a wall-clock CPU timing:
+    1 / (1 - cpu_pressure) (kassay.validate.cpu_pressure); 1 where it was not measured, and for
+    clocks a wait does not advance (process time, CUDA events)."""
+    if t.clock != "cpu_perf_counter" or t.cpu_pressure is None:
+        return 1.0
+    return 1.0 / max(1.0 - t.cpu_pressure, 0.01)
+
+
 #: on CPU timings, a confidence interval whose high end is over this many times its low end says
 #: the host was too busy to resolve a change: the speed verdict is not_comparable
 NOT_COMPARABLE_SPREAD = 1.5
@@ -257,15 +266,21 @@ def speed_change(
         ci = median_ratio(*normalised, confidence=confidence, job_sd=HOST_NORMALISED_JOB_SD)
     else:
         ci = median_ratio(_run(new), _run(old), confidence=confidence)
+    wait_new, wait_old = _wait_inflation(new), _wait_inflation(old)
     if new.clock != "cuda_events" and ci.high > ci.low * NOT_COMPARABLE_SPREAD:
         # a busy CPU host: its interval spans more than any threshold could judge; saying so
         # beats a verdict that flips from run to run (the same code flagged x2.3, 20% more work
         # missed, under two competing processes on 2 cores with the default policy)
         verdict = "not_comparable"
+    elif max(wait_new, wait_old) > 1 + threshold:
+        # other work kept the CPUs busy enough to make a change of the threshold's size by
+        # itself: the repetitions agree with each other, so the interval cannot show it
+        verdict = "not_comparable"
     elif ci.ratio > 1 + threshold and ci.low > 1:
-        verdict = "slower"
+        # slower only by more than the host's waits during the new run could explain
+        verdict = "slower" if ci.low / wait_new > 1 else "not_comparable"
     elif ci.ratio < 1 / (1 + threshold) and ci.high < 1:
-        verdict = "faster"
+        verdict = "faster" if ci.high * wait_old < 1 else "not_comparable"
     else:
         verdict = "same"
     return SpeedChange(

@@ -55,8 +55,9 @@ class SpeedChange(BaseModel):
     verdict: Literal["slower", "faster", "same", "not_comparable"] = Field(
         description="slower: ratio > 1 + threshold and the interval above 1; faster: the "
         "mirror; not_comparable: CPU timings whose interval spans more than the worker can "
-        "resolve (a busy host: kassay.validate.compare.NOT_COMPARABLE_SPREAD), never a "
-        "regression"
+        "resolve (a busy host: kassay.validate.compare.NOT_COMPARABLE_SPREAD), or wall-clock "
+        "timings during which waiting for a CPU could make a change of the threshold's size "
+        "or the one measured (TimingStats.cpu_pressure), never a regression"
     )
 
 

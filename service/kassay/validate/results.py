@@ -137,6 +137,13 @@ class TimingStats(BaseModel):
         "clock): samples_ms[i] / calibration_ms[i] is the case's time in units of the host's "
         "speed of the moment, which comparisons between jobs use (host-normalised)",
     )
+    cpu_pressure: float | None = Field(
+        None,
+        description="CPU: the share (0-1) of the timed window in which some task waited for a "
+        "CPU (Linux PSI cpu 'some', the worker's cgroup where it has one): the wall-clock "
+        "repetitions were inflated by at most 1 / (1 - cpu_pressure), which comparisons between "
+        "jobs allow for; absent where PSI cannot be read (and on CUDA)",
+    )
 
     @property
     def throttled(self) -> bool:

@@ -25,7 +25,9 @@ On the CPU both figures are the same clock's time and the mode is `cpu`: time.pe
 time is kept in the result (`samples_ms`) for comparisons between jobs. On the CPU a fixed
 calibration workload is timed right after every repetition (`calibration_ms`, one per sample;
 the policy's cpu_calibration): the host's speed of the moment, which a comparison between jobs
-divides out (kassay.validate.host_calibration). Not on CUDA: device time does not drift with
+divides out (kassay.validate.host_calibration), and the share of the timed window in which
+other work kept a task waiting for a CPU (`cpu_pressure`, kassay.validate.cpu_pressure). Not on
+CUDA: device time does not drift with
 the host's load, and the GPU path is left as it is.
 Repetitions continue, batch after batch, until the standard error of the median
 (1.2533 sigma / sqrt(n); on CUDA sigma from the median absolute deviation, robust to the odd
@@ -45,6 +47,7 @@ from typing import Any
 
 import torch
 
+from kassay.validate.cpu_pressure import PressureWindow
 from kassay.validate.gpu_state import GpuSampler
 from kassay.validate.host_calibration import host_calibration
 from kassay.validate.results import TimingStats
@@ -497,7 +500,9 @@ def _time_cpu(fn: Callable[[], object], policy: TimingPolicy) -> TimingStats:
             cal()
     times: list[float] = []
     cal_times: list[float] = []
-    t_end = time.perf_counter() + policy.budget_s
+    t_start = time.perf_counter()
+    t_end = t_start + policy.budget_s
+    pressure = PressureWindow()
     while not _enough(times, policy, t_end):
         t0 = clock()
         fn()
@@ -506,8 +511,10 @@ def _time_cpu(fn: Callable[[], object], policy: TimingPolicy) -> TimingStats:
         if cal is not None:
             cal()
             cal_times.append((clock() - t1) * 1e3)
+    waited = pressure.share(time.perf_counter() - t_start)
     label = "cpu_process_time" if policy.cpu_clock == "process" else "cpu_perf_counter"
     out = stats(times, label, False, "cpu")
+    out.cpu_pressure = None if waited is None else round(waited, 4)
     out.wall_median_ms = out.median_ms
     out.host_overhead_ms = 0.0
     if cal is not None:

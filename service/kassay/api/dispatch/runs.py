@@ -82,9 +82,10 @@ class Runs:
             first.attempt,
         )
         # a code job's runs share the worker's impl runner of its artifacts; with nothing of
-        # the job left to dispatch, the runner ends with this run instead of waiting for more
+        # the job left to dispatch when its last group was claimed, the runner ends with this
+        # run instead of waiting for more
         brings_code = any(c.group.artifacts for c in claims)
-        last = brings_code and await asyncio.to_thread(self.store.queue.job_pending, job_id) == 0
+        last = brings_code and claims[-1].job_pending_after == 0
         try:
             request = pb.RunRequest(
                 run_id=run_id,

@@ -55,6 +55,10 @@ class Claim:
     job_id: str
     group: GroupSpec
     attempt: int
+    #: the job's groups still pending right after this claim, counted in the claim's own
+    #: transaction (a count taken later can see the next run's claims and call this run the
+    #: job's last: the dispatcher sends two runs of a job back to back)
+    job_pending_after: int = 1
 
 
 def _leased_by(job_id: str, group_id: str, owner: str) -> ColumnElement[bool]:
@@ -87,17 +91,6 @@ class GroupQueue:
                 or 0
             )
 
-    def job_pending(self, job_id: str) -> int:
-        """How many of the job's groups wait to be dispatched."""
-        with self.engine.connect() as conn:
-            return int(
-                conn.execute(
-                    select(func.count())
-                    .select_from(groups)
-                    .where(and_(groups.c.job_id == job_id, groups.c.state == "pending"))
-                ).scalar_one()
-            )
-
     # ---------------------------------------------------------------- groups
 
     def claim_groups(
@@ -123,11 +116,7 @@ class GroupQueue:
             return []
         if share > 1 and n > 1:
             with self.engine.connect() as conn:
-                pending = conn.execute(
-                    select(func.count())
-                    .select_from(groups)
-                    .where(and_(groups.c.job_id == first.job_id, groups.c.state == "pending"))
-                ).scalar_one()
+                pending = self._pending(conn, first.job_id)
             n = min(n, max(1, -(-(pending + 1) // share)))
         claims = [first]
         while len(claims) < n:
@@ -162,7 +151,7 @@ class GroupQueue:
             leased = self._lease_one(worker, owner, lease_s, impls, code, job_id)
             if leased is None:
                 return None
-            row, spec = leased
+            row, spec, pending_after = leased
             if row is _LOST_RACE:
                 continue
             # A second transaction: the claim holds no group lock while it takes the job's row
@@ -189,7 +178,12 @@ class GroupQueue:
             if not remaining:  # every case already reported (e.g. before a restart)
                 self.finish_group(row.job_id, row.group_id, reason="")
                 continue
-            return Claim(row.job_id, spec.model_copy(update={"impls": remaining}), row.attempts + 1)
+            return Claim(
+                row.job_id,
+                spec.model_copy(update={"impls": remaining}),
+                row.attempts + 1,
+                pending_after,
+            )
         return None
 
     def _lease_one(
@@ -200,9 +194,10 @@ class GroupQueue:
         impls: set[str] | None,
         code: bool,
         job_id: str | None,
-    ) -> tuple[Any, GroupSpec] | None:
-        """Lease the oldest pending group `worker` can run: (its row, its spec); None when
-        there is none; (_LOST_RACE, spec) when another claim took it first.
+    ) -> tuple[Any, GroupSpec, int] | None:
+        """Lease the oldest pending group `worker` can run: (its row, its spec, how many of its
+        job's groups are still pending after it); None when there is none; (_LOST_RACE, spec,
+        0) when another claim took it first.
 
         PostgreSQL: the candidates are read with FOR UPDATE SKIP LOCKED in the leasing
         transaction, so concurrent claims (other threads, other API replicas) each lock
@@ -230,9 +225,12 @@ class GroupQueue:
             with self.engine.begin() as conn:
                 rows = conn.execute(candidates.with_for_update(skip_locked=True)).all()
                 picked = _first_runnable(rows, impls, code)
-                if picked is not None:
-                    self._set_leased(conn, picked[0], worker, owner, lease_s)
-            return picked
+                if picked is None:
+                    return None
+                self._set_leased(conn, picked[0], worker, owner, lease_s)
+                # uncommitted claims of other transactions still count as pending here: the
+                # count errs towards "more to come", never towards "the job's last"
+                return picked[0], picked[1], self._pending(conn, picked[0].job_id)
         with self.engine.connect() as conn:
             rows = conn.execute(candidates).all()
         picked = _first_runnable(rows, impls, code)
@@ -240,8 +238,20 @@ class GroupQueue:
             return None
         with self.engine.begin() as conn:
             if not self._set_leased(conn, picked[0], worker, owner, lease_s):
-                return _LOST_RACE, picked[1]
-        return picked
+                return _LOST_RACE, picked[1], 0
+            # SQLite: this transaction holds the one write lock, so no other claim lands
+            # between the update and the count
+            return picked[0], picked[1], self._pending(conn, picked[0].job_id)
+
+    @staticmethod
+    def _pending(conn: Connection, job_id: str) -> int:
+        return int(
+            conn.execute(
+                select(func.count())
+                .select_from(groups)
+                .where(and_(groups.c.job_id == job_id, groups.c.state == "pending"))
+            ).scalar_one()
+        )
 
     @staticmethod
     def _set_leased(conn: Connection, r: Any, worker: str, owner: str, lease_s: float) -> bool:
