@@ -79,6 +79,26 @@ def test_the_runs_of_one_job_share_its_runner_until_its_last(tmp_path: Path) -> 
     assert not leases.end_idle(first.key)  # the wait's end finds it held
     assert leases.ending_with(r3) == [first.key]
     assert leases.release_run(r3) == ([first.key], [])
+
+
+def test_a_jobs_last_run_arriving_first_leaves_the_runner_to_the_earlier_one(
+    tmp_path: Path,
+) -> None:
+    """The API sends a job's two runs on two calls 8 ms apart; the second (the job's last)
+    reached the worker first and ran first, and its last group ended the runner that the first
+    run, already queued behind it, then started again (a CI failure of #42's test)."""
+    leases, _ = _leases(tmp_path)
+    r1, r2 = _Run("r1", "job"), _Run("r2", "job", job_last=True)
+    leases.enter(r2)
+    leases.enter(r1)  # arrived, its groups queued behind r2's
+    first = _lease(leases, r2, ["d1"])
+    assert leases.ending_with(r2) == []  # r1 is still to run
+    assert leases.release_run(r2) == ([], [])  # nor does it wait for an idle end
+    assert _lease(leases, r1, ["d1"]) is first
+    assert not leases.end_idle(first.key)
+    assert leases.ending_with(r1) == [first.key]  # the job's last run was here: it ends now
+    assert leases.release_run(r1) == ([first.key], [])
+    assert leases.job_runs == {} and leases.last_jobs == set()
     assert not Path(first.workdir).exists()
 
 

@@ -10,7 +10,8 @@ job's groups in several runs (a few groups each, KASSAY_DISPATCH_BATCH); the run
 installed from the cache, a working directory of its own (also its HOME and TMPDIR; its tensor
 exchange folder in /dev/shm where there is one), a user of its own (as root) and the sandbox's
 config. It ends with the job: after the group of the job's last run (RunRequest.job_last) when
-no other run of the job is on the worker; else, once none is, after RUNNER_LINGER_S without a
+no other run of the job is on the worker (a run counts from its arrival, before its groups
+start: the job's runs come on separate calls and the last may arrive first); else, once none is, after RUNNER_LINGER_S without a
 new run of the job (the job's rest went to another worker, or was cancelled). The executor ends
 the runner, the supervisor removes both folders and frees the user. Never shared between jobs:
 the trust boundary is the job.
@@ -76,8 +77,6 @@ class RunnerLease:
     exchange: str
     offset: int
     config: SandboxConfig
-    #: a run that holds it was the job's last: it ends when no run holds it
-    last: bool = False
 
     def message(self) -> dict[str, Any]:
         """The `runner` field of the executor's run message (kassay.worker.executor)."""
@@ -90,10 +89,23 @@ class RunnerLeases:
     def __init__(self, host: LeaseHost) -> None:
         self.host = host
         self.leases: dict[str, RunnerLease] = {}
+        #: job id -> the ids of its runs on this worker, from their arrival (`enter`) to their
+        #: end: a run that arrived holds its job's runners before any of its groups started
+        self.job_runs: dict[str, set[str]] = {}
+        #: the jobs one of whose runs here was said to be the job's last
+        self.last_jobs: set[str] = set()
 
     @staticmethod
     def key(job_id: str, digests: list[str]) -> str:
         return f"{job_id}/{'+'.join(sorted(digests))}"
+
+    def enter(self, run: JobRun) -> None:
+        """`run` arrived on the worker. The API sends a job's runs back to back on separate
+        calls, so the job's last run can arrive (and finish) before an earlier one starts:
+        until every run of the job here is over, its runners stay."""
+        self.job_runs.setdefault(run.job_id, set()).add(run.run_id)
+        if run.job_last:
+            self.last_jobs.add(run.job_id)
 
     async def lease(self, run: JobRun, digests: list[str]) -> RunnerLease:
         """The job's lease for these artifacts, made on the first use by any run of the job
@@ -105,7 +117,8 @@ class RunnerLeases:
                 self.leases[key] = self._make(key, run.job_id, paths)
         lease = self.leases[key]
         lease.runs.add(run.run_id)
-        lease.last = lease.last or run.job_last
+        if run.job_last:
+            self.last_jobs.add(run.job_id)
         return lease
 
     def _make(self, key: str, job_id: str, paths: dict[str, str]) -> RunnerLease:
@@ -125,42 +138,57 @@ class RunnerLeases:
         )
         return RunnerLease(key, job_id, set(), paths, workdir, xchg, offset, config)
 
+    def _others(self, run: JobRun) -> set[str]:
+        """The other runs of `run`'s job on the worker: arrived and not over, or holding one of
+        its leases."""
+        held = [le.runs for le in self.leases.values() if le.job_id == run.job_id]
+        return set(self.job_runs.get(run.job_id, set())).union(*held) - {run.run_id}
+
+    def _alone(self, run: JobRun) -> bool:
+        return not self._others(run)
+
+    def _job_ends(self, run: JobRun) -> bool:
+        return self._alone(run) and (run.job_last or run.job_id in self.last_jobs)
+
     def ending_with(self, run: JobRun) -> list[str]:
-        """The leases that end when `run` does: no other run of the job on the worker holds
-        them, and it or one before it was the job's last."""
-        return [
-            k
-            for k, le in self.leases.items()
-            if le.runs == {run.run_id} and (le.last or run.job_last)
-        ]
+        """The leases that end when `run` does: no other run of the job is on the worker, and
+        it or one before it was the job's last."""
+        if not self._job_ends(run):
+            return []
+        return [k for k, le in self.leases.items() if le.job_id == run.job_id]
 
     def release_run(self, run: JobRun) -> tuple[list[str], list[str]]:
-        """`run` is over: (the keys of the leases that end now, removed; the keys no run holds
-        any more that wait for the job's next run, `end_idle` after RUNNER_LINGER_S)."""
-        ended: list[str] = []
-        idle: list[str] = []
-        for key, lease in list(self.leases.items()):
-            if run.run_id not in lease.runs:
-                continue
+        """`run` is over: (the keys of the job's leases that end now, removed; the keys that
+        wait for the job's next run, `end_idle` after RUNNER_LINGER_S). Both empty while
+        another run of the job is on the worker."""
+        ends = self._job_ends(run)
+        if self._others(run):
+            self.job_runs.get(run.job_id, set()).discard(run.run_id)
+            for lease in self.leases.values():
+                lease.runs.discard(run.run_id)
+            return [], []
+        for lease in self.leases.values():
             lease.runs.discard(run.run_id)
-            if lease.runs:
-                continue
-            if run.job_last or lease.last:
-                self._remove(key)
-                ended.append(key)
-            else:
-                idle.append(key)
-        return ended, idle
+        self.job_runs.pop(run.job_id, None)
+        self.last_jobs.discard(run.job_id)
+        keys = [k for k, le in self.leases.items() if le.job_id == run.job_id]
+        if not ends:
+            return [], keys
+        for key in keys:
+            self._remove(key)
+        return keys, []
 
     def end_idle(self, key: str) -> bool:
         """End the lease if still no run holds it (True: the executor must end its runner)."""
         lease = self.leases.get(key)
-        if lease is None or lease.runs:
+        if lease is None or lease.runs or self.job_runs.get(lease.job_id):
             return False
         self._remove(key)
         return True
 
     def release_all(self) -> list[str]:
+        self.job_runs.clear()
+        self.last_jobs.clear()
         keys = list(self.leases)
         for key in keys:
             self._remove(key)

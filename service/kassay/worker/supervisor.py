@@ -187,6 +187,7 @@ class Supervisor:
                 details={"run_id": run.run_id},
             )
         self._runs[run.run_id] = run
+        self.runners.enter(run)
         run.pending = len(groups)
         run.groups = [g.group_id for g in groups]
         for g in groups:
