@@ -28,3 +28,34 @@ def user_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _NOT_A_USERS}
     env.update(extra or {})
     return env
+
+
+def run_on_a_terminal(cmd: list[str], **kw: object) -> tuple[int, str]:
+    """Run `cmd` with its stdout on a pseudo-terminal, as a user at a shell sees it (commands
+    print tables there, CI lines to a pipe): its exit code and what it printed."""
+    import pty
+    import subprocess
+    import threading
+
+    master, slave = pty.openpty()
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed its end
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        done = subprocess.run(cmd, stdout=slave, stderr=subprocess.DEVNULL, **kw)  # type: ignore[call-overload]
+    finally:
+        os.close(slave)
+    reader.join(timeout=10)
+    os.close(master)
+    return done.returncode, b"".join(chunks).decode(errors="replace")

@@ -1,14 +1,6 @@
 """The client half of the `kassay` command: submit, wait, jobs, report, compare, cancel.
 
-Exit codes (what CI steps branch on):
-    0  every case passed (unsupported and skipped cases do not count against it)
-    1  some case failed its tolerance
-    2  some case errored, crashed or timed out; the job was cancelled or refused; a wait ran
-       out of time; or the server answered with an error
-    3  the server could not be reached
-    4  with --fail-on-regression: the comparison found a regression (slower, less accurate,
-       more memory, newly failing) and nothing else went wrong
-When several apply, the first in 3, 2, 1, 4 wins. --server and --token default to
+Exit codes: kassay_client.summary (the one table, shared with `kassay run`). --server and --token default to
 $KASSAY_SERVER and $KASSAY_TOKEN.
 """
 
@@ -28,7 +20,23 @@ from kassay_client._base import REPORT_MEDIA
 if TYPE_CHECKING:
     from kassay_client import Client, Job, Report
 
-EXIT_PASSED, EXIT_FAILED, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_REGRESSION = 0, 1, 2, 3, 4
+from kassay_client.summary import (  # noqa: F401 (EXIT_* and ci_log: this module's API)
+    EXIT_ERROR,
+    EXIT_FAILED,
+    EXIT_PASSED,
+    EXIT_REGRESSION,
+    EXIT_UNREACHABLE,
+    ci_log,
+    exit_code_of,
+    print_summary,
+    summary_table,
+)
+
+
+def exit_code(job: Job) -> int:
+    """0 all passed, 1 some failed, 2 errors/crashes/timeouts or a cancelled job
+    (kassay_client.summary)."""
+    return exit_code_of(job.progress, cancelled=job.state == "cancelled")
 
 
 def register(sub: Any) -> None:
@@ -166,16 +174,6 @@ def _fraction(text: str) -> float:
     if not 0 < value <= 10:
         raise argparse.ArgumentTypeError(f"{text!r} must be above 0 and at most 1000%")
     return value
-
-
-def exit_code(job: Job) -> int:
-    """0 all passed, 1 some failed, 2 errors/crashes/timeouts or a cancelled job."""
-    p = job.progress
-    if job.state == "cancelled" or p.error or p.crashed or p.timeout:
-        return EXIT_ERROR
-    if p.failed:
-        return EXIT_FAILED
-    return EXIT_PASSED
 
 
 def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
@@ -333,73 +331,6 @@ def _follow_plain(client: Client, job: Job, *, timeout: float | None) -> Job:
         stop.set()
 
 
-def ci_log(report: Report, *, job_url: str, exit_code: int, max_lines: int = 60) -> list[str]:
-    """The end of a CI log, as pytest writes one: every case that did not pass, one line each
-    (its short name and what broke, by how much), then the regressions the same way, then one
-    summary line with the job page's URL."""
-    order = {"failed": 0, "error": 1, "crashed": 2, "timeout": 3}
-    bad = sorted((c for c in report.cases if c.status in order), key=lambda c: order[c.status])
-    out = []
-    for c in bad[:max_lines]:
-        since = f" (broken since {c.broken_since} on the compared branch)" if c.broken_since else ""
-        out.append(f"{c.status.upper():8} {_name(c)}: {_broke(c)}{since}")
-    if len(bad) > max_lines:
-        out.append(f"... {len(bad) - max_lines} more not passing: see the report")
-    names = {c.case_id: _name(c) for c in report.cases}
-    comp = report.comparison
-    regressed = [e for e in comp.cases if e.regression] if comp is not None else []
-    for e in regressed[:max_lines]:
-        who = names.get(e.case_id or "") or f"{e.op}.{e.impl} {e.case_id or e.to_case_id}"
-        out.append(f"REGRESSION {who}: {'; '.join(e.reasons)[:300]}")
-    if len(regressed) > max_lines:
-        out.append(f"... {len(regressed) - max_lines} more regressions: see the report")
-    s = report.summary
-    parts = [
-        f"{n} {k}"
-        for k, n in (
-            ("failed", s.failed),
-            ("error", s.error),
-            ("crashed", s.crashed),
-            ("timeout", s.timeout),
-            ("passed", s.passed),
-            ("unsupported", s.unsupported),
-            ("skipped", s.skipped),
-        )
-        if n
-    ]
-    if comp is not None:
-        found = f"{len(regressed)} regression(s)" if regressed else "no regression"
-        parts.append(f"{found} against {comp.to_name} {comp.to_job_id}")
-        if comp.summary.not_comparable:
-            parts.append(
-                f"speed not comparable on this worker for {comp.summary.not_comparable} case(s)"
-            )
-    if s.cancelled:
-        parts.append("cancelled")
-    out.append(
-        f"kassay: {', '.join(parts) or 'no cases'} · {s.total} cases · exit {exit_code} · {job_url}"
-    )
-    return out
-
-
-def _name(c: Any) -> str:
-    return c.name or f"{c.op}.{c.impl} " + ",".join(f"{k}={v}" for k, v in c.params.items())
-
-
-def _broke(c: Any) -> str:
-    """The limit a failed case broke and by how much, else its message's first reason."""
-    if c.status == "failed":
-        for o in c.outputs:
-            if o.get("passed", True):
-                continue
-            for metric in ("max_abs", "rel_l2"):
-                value, limit = o.get(metric), o.get(f"threshold_{metric}")
-                if isinstance(value, float) and isinstance(limit, float) and value > limit:
-                    return f"{o.get('name')} {metric} {value:.3g} > limit {limit:.3g}"
-            return f"{o.get('name')}: {str(o.get('reason', '')).split('; ')[0]}"[:300]
-    return c.message.split("\n")[0][:300]
-
-
 def _counts_text(counts: dict[str, int]) -> str:
     colors = {
         "passed": "green",
@@ -411,68 +342,6 @@ def _counts_text(counts: dict[str, int]) -> str:
         "skipped": "dim",
     }
     return " ".join(f"[{colors.get(k, 'white')}]{k} {v}[/]" for k, v in counts.items() if v)
-
-
-def summary_table(report: Report, *, max_rows: int = 60) -> Any:
-    """A rich table of the cases (problems first), with the summary as its caption."""
-    from rich.table import Table
-
-    order = {
-        "crashed": 0,
-        "timeout": 1,
-        "error": 2,
-        "failed": 3,
-        "unsupported": 4,
-        "skipped": 5,
-        "passed": 6,
-    }
-    cases = sorted(report.cases, key=lambda c: order.get(c.status, 9))
-    s = report.summary
-    caption = (
-        f"{s.total} cases: {s.passed} passed, {s.failed} failed, {s.error} error, "
-        f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
-        f"{s.skipped} skipped"
-    )
-    table = Table(title=f"kassay · {report.name} · {report.state}", caption=caption)
-    for col in ("op", "impl", "params", "regime", "status", "worst rel_l2", "median ms", "message"):
-        table.add_column(col, overflow="fold")
-    style = {
-        "passed": "green",
-        "failed": "red",
-        "error": "magenta",
-        "crashed": "magenta",
-        "timeout": "magenta",
-    }
-    varying = _varying_params(report)
-    for c in cases[:max_rows]:
-        rel = max((float(o.get("rel_l2", 0.0)) for o in c.outputs), default=None)
-        ms = c.timing.get("median_ms") if c.timing else None
-        keys = varying.get(c.op) or list(c.params)[:3]
-        params = ",".join(f"{k}={c.params.get(k)}" for k in keys)
-        table.add_row(
-            c.op,
-            c.impl,
-            params,
-            c.regime,
-            f"[{style.get(c.status, 'dim')}]{c.status}[/]",
-            "" if rel is None else f"{rel:.2e}",
-            "" if ms is None else f"{ms:.3f}",
-            c.message[:120],
-        )
-    if len(cases) > max_rows:
-        table.add_row("…", f"{len(cases) - max_rows} more", "", "", "", "", "", "")
-    return table
-
-
-def _varying_params(report: Report) -> dict[str, list[str]]:
-    """Per op, the params that differ between its cases (the grid axes): what tells rows
-    apart."""
-    seen: dict[str, dict[str, set[str]]] = {}
-    for c in report.cases:
-        per = seen.setdefault(c.op, {})
-        for k, v in c.params.items():
-            per.setdefault(k, set()).add(repr(v))
-    return {op: [k for k, vals in per.items() if len(vals) > 1] for op, per in seen.items()}
 
 
 def write_reports(
@@ -515,7 +384,6 @@ def _verdict(report: Report) -> str | None:
 def finish(client: Client, job: Job, args: argparse.Namespace) -> int:
     """Wait, print the summary table (and the comparison), write report files; the exit
     code."""
-    from rich.console import Console
 
     from kassay_client.errors import WaitTimeoutError
 
@@ -542,11 +410,9 @@ def finish(client: Client, job: Job, args: argparse.Namespace) -> int:
     if report.comparison is None:
         _note_no_comparison(client, job.id)
     url = f"{client.base_url}/jobs/{job.id}"
-    if not sys.stdout.isatty():  # a CI log: failures first, one line each, then the summary
-        for text in ci_log(report, job_url=url, exit_code=code):
-            print(text)
+    print_summary(report, code=code, where=url)
+    if not sys.stdout.isatty():
         return code
-    Console().print(summary_table(report))
     verdict = _verdict(report)
     if verdict is not None:
         print(verdict, file=sys.stderr)

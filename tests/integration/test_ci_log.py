@@ -88,6 +88,44 @@ def test_a_piped_wait_writes_a_short_log_with_failures_first(procs, tmp_path: Pa
     assert "Traceback" not in progress
 
 
+def test_kassay_run_and_submit_wait_print_the_same_summary(procs, tmp_path: Path) -> None:
+    """#43: one summary and one exit-code table. The same spec run in-process (`kassay run`)
+    and on a server (`kassay submit --wait`), both piped as in CI: the same lines, case by
+    case, and the same exit code; only what the last line points to differs (the report file,
+    the job's page)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(SPEC))
+    w = procs.worker(env={"KASSAY_ENABLE_MUTANTS": "true"}, case_timeout_s=120.0)
+    api = procs.api([w], enable_mutants="true")
+    try:
+        procs.wait_ready(api, w)
+        env = procs.env({"KASSAY_SERVER": api.extra["url"], "KASSAY_TOKEN": procs.write_token})
+        served = subprocess.run(
+            [*KASSAY, "submit", str(spec), "--wait", "--quiet"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=540,
+        )
+    finally:
+        api.stop()
+        w.stop()
+    local = subprocess.run(
+        [*KASSAY, "run", str(spec), "--device", "cpu", "--quiet", "--json", "report.json"],
+        cwd=tmp_path,
+        env=procs.env({"KASSAY_ENABLE_MUTANTS": "true"}),
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert served.returncode == local.returncode == 1, (served.stderr[-2000:], local.stderr)
+    a, b = served.stdout.splitlines(), local.stdout.splitlines()
+    assert a[:-1] == b[:-1] and len(a) > 2, (a, b)
+    assert a[-1].split(" · exit ")[0] == b[-1].split(" · exit ")[0], (a[-1], b[-1])
+    assert a[-1].endswith(f"exit 1 · {api.extra['url']}/jobs/" + a[-1].rsplit("/", 1)[1])
+    assert b[-1].endswith("exit 1 · report.json"), b[-1]
+
+
 def test_operations_the_cli_owes_a_ci_user(procs, tmp_path: Path) -> None:
     """`kassay impls`, a "did you mean" on a misspelt impl, no traceback on a closed pipe, and a
     bad setting in one line with exit 2."""

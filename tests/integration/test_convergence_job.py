@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from users import KASSAY
+from users import KASSAY, run_on_a_terminal
 
 from kassay_client import Client
 
@@ -71,12 +71,10 @@ def test_a_user_without_mutants_trains_beside_the_default_control(procs, tmp_pat
     spec.write_text(json.dumps({"name": "no-mutants", "suites": [suite, mutant_control]}))
     env = procs.env({"COLUMNS": "250"})
     env.pop("KASSAY_ENABLE_MUTANTS", None)
-    run = subprocess.run(
+    code, table = run_on_a_terminal(
         [*KASSAY, "run", str(spec), "--device", "cpu", "--quiet", "--json", "r.json"],
         env=env,
         cwd=tmp_path,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     report = json.loads((tmp_path / "r.json").read_text())
@@ -86,9 +84,9 @@ def test_a_user_without_mutants_trains_beside_the_default_control(procs, tmp_pat
     second = [c for c in report["cases"] if c["suite_index"] == 1]
     assert {c["status"] for c in second} == {"error"}
     assert "m_zeros is a mutant" in second[0]["message"]
-    assert run.returncode == 2  # cases in error (a failed case alone exits 1)
-    assert "Δ held-out loss" in run.stdout and "[convergence-" in run.stdout
-    assert "T=" not in run.stdout  # the model's shape fields are not the case's name
+    assert code == 2  # cases in error (a failed case alone exits 1)
+    assert "Δ held-out loss" in table and "[convergence-" in table, table
+    assert "T=" not in table  # the model's shape fields are not the case's name
 
 
 SPEC = {

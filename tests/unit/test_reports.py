@@ -104,14 +104,11 @@ def test_flags_and_coverage_marks_reach_every_format() -> None:
     props = {p.get("name") for p in junit.iter("property")}
     assert props == {"baseline_suspect", "added_by_coverage"}
     assert next(junit.iter("failure")).get("type") == "baseline_suspect"
-    from kassay.validate.table import summary_table
-
-    assert "1 baseline suspect" in str(summary_table(rep).title)
+    assert "1 baseline suspect" in _terminal_caption(rep)
 
 
 def test_an_explained_baseline_says_so_with_its_numbers_in_every_format() -> None:
     from kassay.validate.results import Summary
-    from kassay.validate.table import summary_table
 
     note = (
         "grad_weight: baseline explained by its precision: rel_l2 0.0142 against the exact "
@@ -140,4 +137,12 @@ def test_an_explained_baseline_says_so_with_its_numbers_in_every_format() -> Non
     junit = ET.fromstring(reports.render(rep, "junit").split("\n", 1)[1])
     assert {p.get("name") for p in junit.iter("property")} == {"baseline_explained"}
     assert next(junit.iter("system-out")).text == note and not list(junit.iter("failure"))
-    assert "1 baseline explained by its precision" in str(summary_table(rep).title)
+    assert "1 baseline explained by its precision" in _terminal_caption(rep)
+
+
+def _terminal_caption(rep: Report) -> str:
+    """The caption of the table `kassay run` and `kassay submit --wait` print for `rep`."""
+    from kassay_client.models import Report as ReportView
+    from kassay_client.summary import summary_table
+
+    return str(summary_table(ReportView.model_validate_json(reports.render(rep, "json"))).caption)

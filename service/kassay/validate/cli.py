@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXIT_PASSED, EXIT_FAILED, EXIT_ERRORS = 0, 1, 2
+from kassay_client.summary import EXIT_ERROR as EXIT_ERRORS
+from kassay_client.summary import EXIT_FAILED, exit_code_of
 
 
 def register(sub: Any) -> None:
@@ -43,9 +44,9 @@ def register(sub: Any) -> None:
 
 
 def exit_code(summary: Any) -> int:
-    if summary.error or summary.crashed or summary.timeout:
-        return EXIT_ERRORS
-    return EXIT_FAILED if summary.failed else EXIT_PASSED
+    """The exit code of a report's counts: the one table `kassay submit --wait` uses too
+    (kassay_client.summary)."""
+    return exit_code_of(summary, cancelled=bool(getattr(summary, "cancelled", False)))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -60,7 +61,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kassay.validate.local import run_job
     from kassay.validate.results import CaseResult
     from kassay.validate.spec import load_spec
-    from kassay.validate.table import summary_table
+    from kassay_client.models import Report as ReportView
+    from kassay_client.summary import print_summary
 
     console = Console(stderr=True)
     try:
@@ -94,7 +96,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except KassayError as exc:
         console.print(f"[red]error:[/red] {exc.message}")
         return EXIT_ERRORS
-    Console().print(summary_table(report))
+    written = []
     for fmt, path in (
         ("json", args.json_out),
         ("junit", args.junit),
@@ -103,7 +105,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     ):
         if path:
             Path(path).write_text(reports.render(report, fmt))
-    return exit_code(report.summary)
+            written.append(path)
+    code = exit_code(report.summary)
+    # the summary `kassay submit --wait` prints for the same report: the SDK's view of it,
+    # read from the report's JSON as a server's client reads it
+    view = ReportView.model_validate_json(reports.render(report, "json"))
+    print_summary(view, code=code, where=written[0] if written else "kassay run " + args.spec)
+    return code
 
 
 def _cmd_selftest(args: argparse.Namespace) -> int:
