@@ -106,7 +106,7 @@ def assert_baseline_policy(ref, eag, got, x_dtype, factor: float, floor: float) 
 
 
 def check_against_reference(
-    x, w, t, b, go, *, ls, red, cap, zls, budget=None, factor=1.5, floor=0.0
+    x, w, t, b, go, *, ls, red, cap, zls, budget=None, factor=1.5, floor=0.0, config=None
 ) -> None:
     """Run reference, eager and kassay on the same inputs and assert the baseline policy."""
     d = torch.float64
@@ -120,7 +120,7 @@ def check_against_reference(
     got = run_grads(
         lambda xx, ww, tt, bb: flce_kernel()(
             xx, ww, tt, bb, label_smoothing=ls, reduction=red, softcap=cap, z_loss_scale=zls,
-            return_z_loss=True, memory_budget_bytes=budget,
+            return_z_loss=True, memory_budget_bytes=budget, config=config,
         ),
         x, w, t, b, go,
     )  # fmt: skip
@@ -169,7 +169,7 @@ def argmax_hits(x, w, t, b, cap=None):
 
 def check_options(
     x, w, t, b, go, *, cw=None, ls=0.0, red="mean", cap=None, zls=0.0, ts=False, budget=None,
-    factor=1.5, floor=0.0, accum_dtype=None,
+    factor=1.5, floor=0.0, accum_dtype=None, config=None,
 ):  # fmt: skip
     """Reference (float64), eager (input dtype) and kassay with the options; asserts the
     baseline policy on every output (loss, z_loss, grads) and returns kassay's output."""
@@ -189,7 +189,7 @@ def check_options(
         out = flce_kernel()(
             xx, ww, tt, bb, label_smoothing=ls, reduction=red, softcap=cap, z_loss_scale=zls,
             return_z_loss=True, memory_budget_bytes=budget, ce_weight=cw, use_token_scaling=ts,
-            return_token_accuracy=True, accum_dtype=accum_dtype,
+            return_token_accuracy=True, accum_dtype=accum_dtype, config=config,
         )  # fmt: skip
         holder["out"] = out
         return out.loss, out.z_loss

@@ -24,7 +24,9 @@ from kassay.kernels._flce_launch import (
     _launch_grads,
     _scale_,
     plan_rows,
+    plan_schedule,
 )
+from kassay.kernels._flce_vocab import VocabStats, vocab_backward, vocab_forward
 from kassay.kernels.flce_config import FlceConfig
 
 
@@ -310,8 +312,6 @@ class _FLCEFunction(torch.autograd.Function):
             # rows·V·4 bytes. The CE kernel upcasts each element to float32 in registers, so
             # softmax/lse are float32 anyway. Bias is cast with x and W: no addmm dtype mismatch.
             xc = x.reshape(-1, x.shape[-1]).to(compute_dtype).contiguous()
-            wc = weight.to(compute_dtype).contiguous()
-            bc = bias.to(compute_dtype).contiguous() if bias is not None else None
             tgt = target.reshape(-1).contiguous()
             valid = tgt != ignore_index
             n_valid = valid.sum().to(torch.float32)
@@ -333,6 +333,27 @@ class _FLCEFunction(torch.autograd.Function):
                 # (0 when that sum is 0: every target ignored or weighted 0); z-loss per row
                 wsum = _target_weight_sum(cew, tgt, valid)
                 scale = torch.where(wsum != 0, 1.0 / wsum, torch.zeros_like(wsum)).reshape(1)
+            plan = plan_schedule(
+                xc.shape[0],
+                xc.shape[1],
+                weight.shape[0],
+                xc.element_size(),
+                budget,
+                schedule=cfg.schedule,
+                grads=need_gx or need_gw or need_gb,
+                per_row=defer,
+                min_cols=cfg.vocab_min_cols,
+            )
+            if plan.schedule == "vocab":
+                return _vocab_forward(
+                    ctx, x, weight, bias, xc, tgt, valid, n_valid, cew, cew_sum, scale, zscale,
+                    reduction=reduction, ignore_index=ignore_index,
+                    label_smoothing=label_smoothing, softcap=softcap, z_loss_scale=z_loss_scale,
+                    token_scaling=token_scaling, want_accuracy=want_accuracy, cols=plan.cols,
+                    cfg=cfg, needs=(need_gx, need_gw, need_gb),
+                )  # fmt: skip
+            wc = weight.to(compute_dtype).contiguous()
+            bc = bias.to(compute_dtype).contiguous() if bias is not None else None
             common = dict(
                 ignore_index=ignore_index,
                 label_smoothing=label_smoothing,
@@ -360,19 +381,9 @@ class _FLCEFunction(torch.autograd.Function):
                 want_accuracy=want_accuracy,
                 **common,
             )
-            if reduction == "none":
-                loss, zl = loss_rows, zl_rows
-            elif reduction == "sum":
-                loss, zl = loss_rows.sum(), zl_rows.sum()
-            elif cew is not None:
-                zl = zl_rows.sum() * zscale.reshape(())
-                loss = (loss_rows.sum() - zl_rows.sum()) * scale.reshape(()) + zl
-            else:
-                loss = loss_rows.sum() / n_valid.clamp_min(1.0)
-                zl = zl_rows.sum() / n_valid.clamp_min(1.0)
-            acc = None
-            if acc_rows is not None:
-                acc = acc_rows if reduction == "none" else acc_rows.sum() / n_valid.clamp_min(1.0)
+            loss, zl, acc = _reduce(
+                loss_rows, zl_rows, acc_rows, reduction, n_valid, scale, zscale, cew is not None
+            )
         ctx.defer = defer
         ctx.common = common
         ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
@@ -390,6 +401,8 @@ class _FLCEFunction(torch.autograd.Function):
     def backward(ctx: Any, grad_loss, _grad_zl, _grad_acc):
         x_dt, w_dt, b_dt = ctx.dtypes
         need_gx, need_gw, need_gb = ctx.needs
+        if getattr(ctx, "vocab", None) is not None:
+            return _vocab_backward(ctx, grad_loss)
         if ctx.defer:
             xc, wc, bc, tgt = ctx.saved_tensors
             with torch.autocast(xc.device.type, enabled=False):
@@ -431,3 +444,124 @@ def _target_weight_sum(cew: torch.Tensor, tgt: torch.Tensor, valid: torch.Tensor
     by the caller, are clamped here to stay in bounds)."""
     idx = torch.where(valid, tgt, torch.zeros_like(tgt)).clamp(0, cew.shape[0] - 1)
     return (cew[idx] * valid).sum()
+
+
+def _reduce(loss_rows, zl_rows, acc_rows, reduction, n_valid, scale, zscale, weighted):
+    """(loss, z_loss, accuracy) of the per-row values, as the reduction asks."""
+    if reduction == "none":
+        loss, zl = loss_rows, zl_rows
+    elif reduction == "sum":
+        loss, zl = loss_rows.sum(), zl_rows.sum()
+    elif weighted:
+        zl = zl_rows.sum() * zscale.reshape(())
+        loss = (loss_rows.sum() - zl_rows.sum()) * scale.reshape(()) + zl
+    else:
+        loss = loss_rows.sum() / n_valid.clamp_min(1.0)
+        zl = zl_rows.sum() / n_valid.clamp_min(1.0)
+    acc = None
+    if acc_rows is not None:
+        acc = acc_rows if reduction == "none" else acc_rows.sum() / n_valid.clamp_min(1.0)
+    return loss, zl, acc
+
+
+def _vocab_forward(
+    ctx, x, weight, bias, xc, tgt, valid, n_valid, cew, cew_sum, scale, zscale, *, reduction,
+    ignore_index, label_smoothing, softcap, z_loss_scale, token_scaling, want_accuracy, cols,
+    cfg, needs,
+):  # fmt: skip
+    """Forward of the vocabulary-panel schedule (`_flce_vocab`): row statistics only; every
+    gradient is computed in backward, grad_output folded in."""
+    w = weight if weight.is_contiguous() else weight.contiguous()
+    b = None if bias is None else bias.contiguous()
+    v = w.shape[0]
+    stats, sz, idx = vocab_forward(
+        xc, w, b, tgt, cols=cols, softcap=softcap, label_smoothing=label_smoothing, cew=cew,
+        want_accuracy=want_accuracy, cfg=cfg,
+    )  # fmt: skip
+    lse, zt = stats.lse, stats.z_t
+    eps_v = label_smoothing / v
+    w_t = None
+    if cew is not None:
+        w_t = cew[_safe_targets(tgt, valid, v)]
+        loss = (1.0 - label_smoothing) * w_t * (lse - zt)
+        if sz is not None:
+            loss = loss + eps_v * (cew_sum * lse - sz)
+    else:
+        loss = lse - (1.0 - label_smoothing) * zt
+        if sz is not None:
+            loss = loss - eps_v * sz
+    zl = z_loss_scale * lse * lse
+    if token_scaling:
+        p_t = torch.exp(zt - lse)
+        loss = loss * p_t
+        zl = zl * p_t
+    zero = torch.zeros((), dtype=torch.float32, device=xc.device)
+    loss_rows = torch.where(valid, loss + zl, zero)
+    zl_rows = torch.where(valid, zl, zero)
+    acc_rows = None
+    if idx is not None:
+        acc_rows = (valid & (idx.long() == tgt)).float()
+    out = _reduce(loss_rows, zl_rows, acc_rows, reduction, n_valid, scale, zscale, cew is not None)
+    ctx.vocab = dict(
+        reduction=reduction, label_smoothing=label_smoothing, softcap=softcap,
+        z_loss_scale=z_loss_scale, token_scaling=token_scaling, cols=cols, cfg=cfg,
+    )  # fmt: skip
+    ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
+    ctx.x_shape = x.shape
+    ctx.needs = needs
+    if any(needs):
+        ctx.save_for_backward(
+            xc, w, b, tgt, stats.m, stats.log_s, stats.lse, zt, cew, cew_sum, w_t, scale,
+            zscale, valid,
+        )  # fmt: skip
+    ctx.mark_non_differentiable(out[1], *([out[2]] if out[2] is not None else []))
+    return out
+
+
+def _vocab_backward(ctx, grad_loss):
+    """Backward of the vocabulary-panel schedule: each row's dlogits coefficients (as
+    `_ce_rows_kernel` computes them) from the saved statistics and grad_output, then the
+    panels walked once more."""
+    x_dt, w_dt, b_dt = ctx.dtypes
+    need_gx, need_gw, need_gb = ctx.needs
+    o = ctx.vocab
+    (xc, w, b, tgt, m, log_s, lse, zt, cew, cew_sum, w_t, scale, zscale, valid) = ctx.saved_tensors
+    with torch.autocast(xc.device.type, enabled=False):
+        go = grad_loss.float()
+        if o["reduction"] == "none":
+            rs = zrs = go.reshape(-1)
+        else:
+            rs = scale.reshape(()) * go.reshape(())
+            zrs = zscale.reshape(()) * go.reshape(())
+        vf = valid.float()
+        g = rs * vf
+        gz = zrs * vf
+        if o["token_scaling"]:
+            p_t = torch.exp(zt - lse)
+            g = g * p_t
+            gz = gz * p_t
+        eps = o["label_smoothing"]
+        eps_v = eps / w.shape[0]
+        zls = o["z_loss_scale"]
+        if cew is not None:
+            cg = ((1.0 - eps) * w_t + eps_v * cew_sum) * g + 2.0 * zls * lse * gz
+            tg = (1.0 - eps) * w_t * g
+        else:
+            cg = (1.0 + 2.0 * zls * lse) * g
+            tg = (1.0 - eps) * g
+        eg = eps_v * g
+        coef = tuple(c.float().expand(xc.shape[0]).contiguous() for c in (cg, eg, tg))
+        gx, gw, gb = vocab_backward(
+            xc, w, b, tgt, VocabStats(m, log_s, lse, zt), coef, cols=o["cols"],
+            softcap=o["softcap"], cew=cew, label_smoothing=eps, need_gx=need_gx,
+            need_gw=need_gw, need_gb=need_gb, gx_dtype=x_dt, gw_dtype=w_dt, cfg=o["cfg"],
+        )  # fmt: skip
+    grad_x = gx.reshape(ctx.x_shape) if gx is not None else None
+    grad_b = gb.to(b_dt) if gb is not None else None
+    return grad_x, gw, None, grad_b, None, *([None] * 12)
+
+
+def _safe_targets(tgt: torch.Tensor, valid: torch.Tensor, v: int) -> torch.Tensor:
+    """Targets usable as indices: ignored and out-of-range ones (reported by the caller) -> 0."""
+    ok = valid & (tgt >= 0) & (tgt < v)
+    return torch.where(ok, tgt, torch.zeros_like(tgt))

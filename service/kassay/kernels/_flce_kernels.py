@@ -76,6 +76,11 @@ GRADS_FUSED_MAX_LAST_WAVE = 0.75
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) of both halves of that kernel.
 GRADS_FUSED_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 
+# Vocabulary schedule: panel kernels (BLOCK_V, num_warps, unused) and the narrowest panel.
+# Panels are short rows (P columns), so a program per row at a time with 8 per SM in flight.
+VOCAB_CE_CONFIG_GPU = (2048, 8, 0)
+VOCAB_MIN_COLS = 64
+
 FIN_BLOCK_GPU = 4096
 FIN_BLOCK_INTERP = 1024
 
@@ -628,3 +633,145 @@ def _finalize_kernel(c_ptr, out_ptr, n, factor_ptr, BLOCK: tl.constexpr):
     f = tl.load(factor_ptr).to(tl.float32)
     c = tl.load(c_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs, (c * f).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ---- the vocabulary-panel schedule (`_flce_vocab`) ---------------------------------------------
+# Logits are computed a [rows, P] panel of columns at a time (P = panel width) and never kept: the
+# forward walks the panels once for each row's statistics, the backward walks them again and
+# recomputes each panel's logits before turning them into dlogits. The two kernels below are the
+# panel-sized halves of `_ce_rows_kernel` (same step functions, same float32 arithmetic).
+
+
+@triton.jit
+def _panel_stats_kernel(
+    z_ptr,  # [n_rows, P] logits of columns [v0, v0 + P) (compute dtype)
+    stride_z,
+    tgt_ptr,  # [n_rows] int64 targets
+    m_ptr,  # [n_rows] float32: running row max over the panels seen so far
+    s_ptr,  # [n_rows] float32: running sum of exp(z - m)
+    sz_ptr,  # HAS_LS: [n_rows] float32 running sum of (weighted) logits; else None
+    zt_ptr,  # [n_rows] float32: the target's (softcapped) logit, written by its panel
+    idx_ptr,  # ACCURACY: [n_rows] int32 running argmax column (first maximal); else None
+    cew_ptr,  # LSW: [P] float32 class weights of the panel's columns; else None
+    P,
+    v0,
+    softcap,
+    n_rows,
+    row_step,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_LS: tl.constexpr,
+    LSW: tl.constexpr,  # label smoothing with class weights: sz sums w_v * z_v
+    ACCURACY: tl.constexpr,
+    FIRST: tl.constexpr,  # the first panel: store the state instead of merging into it
+    BLOCK_V: tl.constexpr,
+    PAIR: tl.constexpr,
+):
+    """One panel's pass-1 statistics of every row, merged into the running per-row state.
+
+    Panels are launched in column order on one stream, so the merge needs no atomics: a row's
+    state is read and written by one program per launch. The argmax keeps the earlier column on
+    ties (a later panel moves it only with a strictly larger max), as torch.argmax."""
+    STEP: tl.constexpr = 2 * BLOCK_V if PAIR else BLOCK_V
+    EXACT: tl.constexpr = z_ptr.dtype.element_ty == tl.float32
+    p_full = (P // STEP) * STEP
+    cols = tl.arange(0, BLOCK_V)
+    for r in range(tl.program_id(0), n_rows, row_step):
+        row = tl.cast(r, tl.int64)
+        z_row = z_ptr + row * stride_z
+        m_vec = tl.full([BLOCK_V], float("-inf"), tl.float32)
+        s_vec = tl.zeros([BLOCK_V], tl.float32)
+        sum_z = tl.zeros([BLOCK_V], tl.float32)
+        idx_vec = tl.zeros([BLOCK_V], tl.int32)
+        for c0 in range(0, p_full, STEP):
+            m_vec, s_vec, sum_z, idx_vec = _ce_stats_step(
+                z_row, c0, cols, P, m_vec, s_vec, sum_z, idx_vec, softcap, cew_ptr,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False, False, EXACT, LSW, ACCURACY,
+            )  # fmt: skip
+        if p_full < P:
+            m_vec, s_vec, sum_z, idx_vec = _ce_stats_step(
+                z_row, p_full, cols, P, m_vec, s_vec, sum_z, idx_vec, softcap, cew_ptr,
+                HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, True, False, EXACT, LSW, ACCURACY,
+            )  # fmt: skip
+        m = tl.max(m_vec, axis=0)
+        s = tl.sum(s_vec * tl.exp2((m_vec - m) * LOG2E), axis=0)
+        tgt = tl.load(tgt_ptr + row)
+        rel = tgt - v0
+        in_panel = (rel >= 0) & (rel < P)
+        rel_safe = tl.where(in_panel, rel, 0).to(tl.int32)
+        z_t = tl.load(z_row + rel_safe).to(tl.float32)
+        if HAS_SOFTCAP:
+            z_t = softcap * _tanh(z_t / softcap)
+        old_t = tl.load(zt_ptr + row)
+        tl.store(zt_ptr + row, tl.where(in_panel, z_t, old_t))
+        if FIRST:
+            tl.store(m_ptr + row, m)
+            tl.store(s_ptr + row, s)
+            if HAS_LS:
+                tl.store(sz_ptr + row, tl.sum(sum_z, axis=0))
+            if ACCURACY:
+                am = tl.min(tl.where(m_vec == m, idx_vec, P), axis=0)
+                tl.store(idx_ptr + row, am + v0)
+        else:
+            m_old = tl.load(m_ptr + row)
+            s_old = tl.load(s_ptr + row)
+            m_new = tl.maximum(m_old, m)
+            s_new = s_old * tl.exp2((m_old - m_new) * LOG2E) + s * tl.exp2((m - m_new) * LOG2E)
+            tl.store(m_ptr + row, m_new)
+            tl.store(s_ptr + row, s_new)
+            if HAS_LS:
+                tl.store(sz_ptr + row, tl.load(sz_ptr + row) + tl.sum(sum_z, axis=0))
+            if ACCURACY:
+                am = tl.min(tl.where(m_vec == m, idx_vec, P), axis=0)
+                old_idx = tl.load(idx_ptr + row)
+                tl.store(idx_ptr + row, tl.where(m > m_old, am + v0, old_idx))
+
+
+@triton.jit
+def _panel_grad_kernel(
+    z_ptr,  # [n_rows, P] logits of columns [v0, v0 + P); overwritten by dlogits
+    stride_z,
+    tgt_ptr,  # [n_rows] int64 targets
+    lse2_ptr,  # [n_rows] float32: the row max m (EXACT) or lse * log2(e)
+    logs_ptr,  # [n_rows] float32: log of the row's sum of exp(z - m) (EXACT only)
+    cg_ptr,  # [n_rows] float32: dlogits = cg * p - eg (* w_v) - tg * onehot (then softcap')
+    eg_ptr,
+    tg_ptr,
+    cew_ptr,  # LSW: [P] float32 class weights of the panel's columns; else None
+    P,
+    v0,
+    softcap,
+    n_rows,
+    row_step,
+    HAS_SOFTCAP: tl.constexpr,
+    LSW: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    PAIR: tl.constexpr,
+):
+    """Pass 2 of `_ce_rows_kernel` on one panel: dloss/dlogits written over the logits, with
+    the row's coefficients (grad_output, reduction, class weights, z-loss and token scaling
+    folded in) computed by the host from the forward's statistics."""
+    STEP: tl.constexpr = 2 * BLOCK_V if PAIR else BLOCK_V
+    EXACT: tl.constexpr = z_ptr.dtype.element_ty == tl.float32
+    p_full = (P // STEP) * STEP
+    cols = tl.arange(0, BLOCK_V)
+    for r in range(tl.program_id(0), n_rows, row_step):
+        row = tl.cast(r, tl.int64)
+        z_row = z_ptr + row * stride_z
+        rel = tl.load(tgt_ptr + row) - v0
+        # outside the panel (or ignored): a column no lane holds, so no onehot term here
+        tgt_rel = tl.where((rel >= 0) & (rel < P), rel, -2 * STEP).to(tl.int32)
+        lse2 = tl.load(lse2_ptr + row)
+        log_s = tl.load(logs_ptr + row)
+        cg = tl.load(cg_ptr + row)
+        eg = tl.load(eg_ptr + row)
+        tg = tl.load(tg_ptr + row)
+        for c0 in range(0, p_full, STEP):
+            _ce_grad_step(
+                z_row, c0, cols, P, tgt_rel - c0, lse2, log_s, cg, eg, tg, softcap, cew_ptr,
+                HAS_SOFTCAP, PAIR, BLOCK_V, False, False, EXACT, LSW,
+            )  # fmt: skip
+        if p_full < P:
+            _ce_grad_step(
+                z_row, p_full, cols, P, tgt_rel - p_full, lse2, log_s, cg, eg, tg, softcap,
+                cew_ptr, HAS_SOFTCAP, PAIR, BLOCK_V, True, False, EXACT, LSW,
+            )  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+from typing import NamedTuple
 
 import torch
 import triton
@@ -42,6 +43,72 @@ def plan_rows(n_rows: int, vocab: int, elem_bytes: int, budget_bytes: int) -> in
         if rounded <= cap and -(-n_rows // rounded) == n_chunks:
             return min(rounded, n_rows)
     return rows
+
+
+class Plan(NamedTuple):
+    """What one call runs: the schedule, its chunk (rows per row chunk, or columns per vocabulary
+    panel: the other field is 0) and the working memory that chunk takes, in bytes."""
+
+    schedule: str
+    rows: int
+    cols: int
+    work_bytes: int
+
+
+#: Cost model of `plan_schedule`: FLOP a byte of DRAM traffic costs (H200: ~650 TFLOP/s of
+#: bf16 GEMM against ~4 TB/s of read-modify-write bandwidth), and FLOP a chunk's launches cost
+#: (4-5 launches of ~4 µs of gaps each). Only the comparison of the two schedules uses them.
+_FLOP_PER_BYTE = 160.0
+_FLOP_PER_CHUNK = 1.2e10
+
+
+def plan_schedule(
+    n: int,
+    h: int,
+    v: int,
+    elem_bytes: int,
+    budget_bytes: int,
+    *,
+    schedule: str = "auto",
+    grads: bool = True,
+    per_row: bool = False,
+    min_cols: int = 64,
+) -> Plan:
+    """The schedule and chunk of one call: with schedule "auto" the cheaper of the two by the
+    cost model below among those whose working memory fits `budget_bytes` (if neither fits,
+    the leaner), else the one asked for at the largest chunk the budget allows.
+
+    Row schedule: rows = `plan_rows`; FLOP 6·N·H·V (8 for reduction 'none', `per_row`: its
+    backward runs the pass again), plus a read and a write of the 16-bit grad_weight
+    accumulator per chunk after the first (4·V·H bytes). Vocabulary schedule
+    (`_flce_vocab`): panels of `plan_rows(v, n, ...)` columns, at least `min_cols`; FLOP
+    8·N·H·V + 2·N·H·2N (the tail, see `_flce_vocab`), plus a float32 grad_x accumulator read
+    and written per panel (8·N·H bytes). Without gradients both are 2·N·H·V."""
+    rows = plan_rows(n, v, elem_bytes, budget_bytes)
+    chunks = -(-n // rows)
+    cols = max(min(min_cols, v), plan_rows(v, n, elem_bytes, budget_bytes))
+    panels = -(-v // cols)
+    row_plan = Plan("rows", rows, 0, rows * v * elem_bytes)
+    vocab_plan = Plan("vocab", 0, cols, n * cols * elem_bytes)
+    if schedule == "rows":
+        return row_plan
+    if schedule == "vocab":
+        return vocab_plan
+    nhv = float(n) * h * v
+    if grads:
+        row_cost = (8.0 if per_row else 6.0) * nhv
+        row_cost += max(0, chunks - 1) * 4.0 * v * h * _FLOP_PER_BYTE
+        vocab_cost = 8.0 * nhv + 2.0 * n * h * min(v, 2 * n)
+        vocab_cost += panels * 8.0 * n * h * _FLOP_PER_BYTE
+    else:
+        row_cost = vocab_cost = 2.0 * nhv
+    row_cost += chunks * _FLOP_PER_CHUNK
+    vocab_cost += panels * _FLOP_PER_CHUNK
+    fits = [p for p in (row_plan, vocab_plan) if p.work_bytes <= budget_bytes]
+    if not fits:
+        return min((row_plan, vocab_plan), key=lambda p: p.work_bytes)
+    cost = {"rows": row_cost, "vocab": vocab_cost}
+    return min(fits, key=lambda p: (cost[p.schedule], p.schedule != "rows"))
 
 
 @contextlib.contextmanager

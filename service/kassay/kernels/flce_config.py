@@ -28,6 +28,7 @@ __all__ = ["DEFAULT_CONFIG", "DEFAULT_MEMORY_BUDGET_BYTES", "FlceConfig"]
 DEFAULT_MEMORY_BUDGET_BYTES = 470 * 1024 * 1024
 
 GwAccumulation = Literal["auto", "cublas"]
+Schedule = Literal["auto", "rows", "vocab"]
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,15 @@ class FlceConfig:
     """Memory budget, GEMM path choices and launch tuning of one flce call.
 
     Memory and numerics:
-        memory_budget_bytes: bytes of the transient [rows, V] logits chunk (more bytes: fewer,
-            larger chunks, more peak memory). The call's `memory_budget_bytes=` keyword, when
-            given, wins over this field.
+        memory_budget_bytes: bytes of working memory beyond the inputs and the gradients (the
+            row schedule's [rows, V] logits chunk, the vocabulary schedule's [N, P] panel):
+            more bytes, fewer and larger chunks, more peak memory. The call's
+            `memory_budget_bytes=` keyword, when given, wins over this field.
+        schedule: "auto" (the faster of the two that fits the budget, by `plan_schedule`'s
+            cost model), "rows" (row chunks, logits of a chunk kept, grad_weight accumulated
+            over the chunks: 6·N·H·V FLOP) or "vocab" (vocabulary panels, logits recomputed in
+            backward, every gradient written once: 8·N·H·V FLOP). Results differ only in
+            rounding; see `kassay.kernels._flce_vocab`.
         gw_accumulation: grad_weight accumulation over several chunks for 16-bit weights.
             "auto": scaled float16 accumulator for bfloat16 weights, float32 for float16 (the
             shipped mode); "cublas": `addmm_` in the weight dtype, whose error grows with the
@@ -67,9 +74,13 @@ class FlceConfig:
             EPI_SPLIT, CTAS_PER_SM), for launches whose epilogue does not / does load C.
         grads_fused_config_gpu: the fused grad_x + grad_weight kernel (six as above).
         fin_block_gpu, fin_block_interp: elements per program of the finalize kernel.
+        vocab_ce_config_gpu: the panel kernels of the vocabulary schedule (BLOCK_V,
+            num_warps, unused); vocab_min_cols: its narrowest panel (a smaller budget is
+            exceeded rather than the panel made narrower).
     """
 
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
+    schedule: Schedule = "auto"
     gw_accumulation: GwAccumulation = "auto"
     use_tma_gemm: bool = True
     gemm_tma_reduce: bool = K.GEMM_TMA_REDUCE
@@ -89,6 +100,8 @@ class FlceConfig:
     grads_fused_config_gpu: tuple[int, ...] = K.GRADS_FUSED_CONFIG_GPU
     fin_block_gpu: int = K.FIN_BLOCK_GPU
     fin_block_interp: int = K.FIN_BLOCK_INTERP
+    vocab_ce_config_gpu: tuple[int, int, int] = K.VOCAB_CE_CONFIG_GPU
+    vocab_min_cols: int = K.VOCAB_MIN_COLS
 
     def __post_init__(self) -> None:
         # fail at construction, not deep inside a launch
@@ -96,6 +109,10 @@ class FlceConfig:
             raise ValueError(
                 f"memory_budget_bytes must be positive, got {self.memory_budget_bytes}"
             )
+        if self.schedule not in ("auto", "rows", "vocab"):
+            raise ValueError(f"schedule must be 'auto', 'rows' or 'vocab', got {self.schedule!r}")
+        if int(self.vocab_min_cols) < 1:
+            raise ValueError(f"vocab_min_cols must be >= 1, got {self.vocab_min_cols}")
         if self.gw_accumulation not in ("auto", "cublas"):
             raise ValueError(
                 f"gw_accumulation must be 'auto' or 'cublas', got {self.gw_accumulation!r}"
@@ -107,6 +124,7 @@ class FlceConfig:
         for name, n in (
             ("ce_config_long_gpu", 3),
             ("ce_config_gpu", 3),
+            ("vocab_ce_config_gpu", 3),
             ("gemm_config_gpu", 6),
             ("gemm_config_interp", 6),
             ("gemm_tma_config_gpu", 8),

@@ -1,0 +1,205 @@
+"""CPU tests (Triton interpreter, float32/float16) of kassay flce's vocabulary-panel schedule.
+
+The schedule (`kassay.kernels._flce_vocab`) recomputes the logits panel by panel in backward;
+every option of the row schedule must hold there under the same baseline policy against a
+float64 reference, with several panels, with and without the float32 grad_x accumulator held in
+grad_weight's tail rows. The bfloat16 and AMP runs are in tests/gpu/test_kernel_flce_gpu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+import torch
+from flce_reference import (
+    II,
+    argmax_hits,
+    check_against_reference,
+    check_options,
+    flce_kernel,
+    random_case,
+)
+
+from kassay.kernels import FlceConfig
+from kassay.kernels._flce_launch import plan_schedule
+from kassay.kernels._flce_vocab import tail_rows
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
+    reason="needs TRITON_INTERPRET=1 (set by tests/conftest.py on hosts without a GPU)",
+)
+
+DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
+#: the vocabulary schedule, panels as narrow as the budget says (the shipped floor is 64)
+VOCAB = FlceConfig(schedule="vocab", vocab_min_cols=1)
+
+
+def _inputs(n, h, v, dtype, bias, ign, seed=0, weights=False):
+    return random_case(
+        n, h, v, dtype, bias, ign, seed, wscale=2, gen_device="cpu", device=DEV,
+        class_weights=weights,
+    )  # fmt: skip
+
+
+def _go(n, red, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(n, generator=g) if red == "none" else torch.tensor(1.0)).to(DEV)
+
+
+def _budget(n, cols, dtype):
+    return n * cols * torch.empty((), dtype=dtype).element_size()
+
+
+# (bias, label_smoothing, ignore_fraction, softcap, z_loss_scale)
+OPTIONS = [
+    (False, 0.0, 0.0, None, 0.0),
+    (True, 0.1, 0.3, None, 0.0),
+    (False, 0.0, 0.3, 5.0, 1e-2),
+    (True, 0.2, 0.5, 3.0, 1e-3),
+    (False, 0.1, 1.0, None, 1e-3),  # every target ignored
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("red", ["mean", "sum", "none"])
+@pytest.mark.parametrize("bias,ls,ign,cap,zls", OPTIONS)
+@pytest.mark.parametrize("n,v,cols", [(24, 123, 20), (24, 40, 16)])
+def test_grid(dtype, red, bias, ls, ign, cap, zls, n, v, cols):
+    # V=123: 2N rows (N for float32) of grad_W hold the grad_x accumulator, so the walk has a
+    # tail; V=40: no room, the accumulator is separate
+    x, w, t, b = _inputs(n, 16, v, dtype, bias, ign)
+    check_against_reference(
+        x, w, t, b, _go(n, red), ls=ls, red=red, cap=cap, zls=zls, budget=_budget(n, cols, dtype),
+        factor=1.25, floor=4 * torch.finfo(dtype).eps, config=VOCAB,
+    )  # fmt: skip
+
+
+def test_the_tail_is_walked_when_it_should_be():
+    assert tail_rows(24, 16, 123, 20, torch.float16) == 48
+    assert tail_rows(24, 16, 123, 20, torch.float32) == 24
+    assert tail_rows(24, 16, 40, 16, torch.float16) == 0  # 48 rows > V: separate accumulator
+    assert tail_rows(3, 5, 101, 8, torch.float16) == 7  # odd offset moved to a 4-byte boundary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("red", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ts", [False, True])
+def test_class_weights_and_token_scaling(dtype, red, ts):
+    n, v = 24, 123
+    x, w, t, b, cw = _inputs(n, 16, v, dtype, True, 0.25, seed=5, weights=True)
+    out = check_options(
+        x, w, t, b, _go(n, red), cw=cw, ls=0.1, red=red, cap=6.0, zls=1e-3, ts=ts,
+        budget=_budget(n, 20, dtype), floor=4 * torch.finfo(dtype).eps, config=VOCAB,
+    )  # fmt: skip
+    hits = argmax_hits(x, w, t, b, 6.0)
+    valid = (t != II).sum()
+    want = hits if red == "none" else hits.sum() / valid
+    tol = 0.0 if dtype == torch.float32 else 1.0 / float(valid)
+    assert float((out.token_accuracy.double() - want).abs().max()) <= tol + 1e-7
+
+
+def test_argmax_ties_across_panels_go_to_the_first_column():
+    h, v = 8, 260
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(v, h, generator=g) * 0.1
+    x = torch.randn(6, h, generator=g).abs() + 1.0
+    for c in (3, 70, 200):  # identical largest logits, in three different panels of 50
+        w[c] = torch.ones(h)
+    t = torch.tensor([3, 70, 200, 3, II, 5])
+    out = flce_kernel()(
+        x.to(DEV), w.to(DEV), t.to(DEV), reduction="none", return_token_accuracy=True,
+        memory_budget_bytes=6 * 50 * 4, config=VOCAB,
+    )  # fmt: skip
+    assert out.token_accuracy.tolist() == [1.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+
+
+def test_same_results_as_the_row_schedule():
+    # two correct schedules: the loss agrees to float32 rounding, the gradients to a few ulp
+    x, w, t, b = _inputs(32, 16, 150, torch.float32, True, 0.2, seed=3)
+    outs = []
+    for cfg, budget in ((FlceConfig(schedule="rows"), 7 * 150 * 4), (VOCAB, 32 * 33 * 4)):
+        xr, wr, br = (a.clone().requires_grad_() for a in (x, w, b))
+        loss = flce_kernel()(
+            xr, wr, t, br, label_smoothing=0.1, z_loss_scale=1e-3, softcap=8.0,
+            memory_budget_bytes=budget, config=cfg,
+        )  # fmt: skip
+        loss.backward()
+        outs.append((loss.detach(), xr.grad, wr.grad, br.grad))
+    for a, c in zip(*outs, strict=True):
+        torch.testing.assert_close(a, c, rtol=2e-5, atol=1e-7)
+
+
+def test_autocast_fp32_params_fp16():
+    x, w, t, b = _inputs(20, 16, 60, torch.float32, True, 0.1, seed=5)
+    for bias in (None, b):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        br = None if bias is None else bias.clone().requires_grad_()
+        with torch.autocast(DEV, dtype=torch.float16):
+            loss = flce_kernel()(xr, wr, t, br, memory_budget_bytes=20 * 16 * 2, config=VOCAB)
+        loss.backward()
+        assert xr.grad.dtype == wr.grad.dtype == torch.float32
+        assert br is None or br.grad.dtype == torch.float32
+        xs, ws, bs = (a.clone().requires_grad_() if a is not None else None for a in (x, w, bias))
+        with torch.autocast(DEV, dtype=torch.float16):
+            want = flce_kernel()(xs, ws, t, bs, config=FlceConfig(schedule="rows"))
+        want.backward()
+        torch.testing.assert_close(loss, want, rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(xr.grad, xs.grad, rtol=2e-2, atol=1e-4)
+        torch.testing.assert_close(wr.grad, ws.grad, rtol=2e-2, atol=1e-4)
+
+
+def test_no_grad_and_partial_grads():
+    x, w, t, b = _inputs(16, 16, 90, torch.float32, True, 0.1, seed=6)
+    kw = dict(memory_budget_bytes=16 * 25 * 4, config=VOCAB)
+    with torch.no_grad():
+        plain = flce_kernel()(x, w, t, b, **kw)
+    xr = x.clone().requires_grad_()  # only grad_x asked: no grad_W buffer, separate accumulator
+    loss = flce_kernel()(xr, w, t, b, **kw)
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), plain)
+    wr = w.clone().requires_grad_()  # only grad_W
+    flce_kernel()(x, wr, t, b, **kw).backward()
+    xs, ws = x.clone().requires_grad_(), w.clone().requires_grad_()
+    flce_kernel()(xs, ws, t, b, **kw).backward()
+    torch.testing.assert_close(xr.grad, xs.grad)
+    torch.testing.assert_close(wr.grad, ws.grad)
+
+
+def test_out_of_range_targets_raise_and_leave_inputs_alone():
+    x, w, t, _ = _inputs(8, 16, 30, torch.float32, False, 0.0, seed=2)
+    bad = t.clone()
+    bad[3] = 30
+    w0 = w.clone()
+    with pytest.raises(ValueError, match="outside \\[0, V=30\\)"):
+        flce_kernel()(x, w, bad, memory_budget_bytes=8 * 8 * 4, config=VOCAB)
+    assert torch.equal(w, w0)
+
+
+def test_plan_schedule_picks_by_cost_and_fit():
+    big = dict(n=8192, h=4096, v=128256, elem_bytes=2)
+    # the default budget: row chunks of 1792 rows, as shipped
+    p = plan_schedule(**big, budget_bytes=470 * 2**20)
+    assert p.schedule == "rows" and p.rows == 1792
+    # 10 MiB: 40 rows per chunk would read and write grad_W 200 times; panels of 640 columns
+    p = plan_schedule(**big, budget_bytes=10 * 2**20)
+    assert p.schedule == "vocab" and p.cols == 640 and p.work_bytes <= 10 * 2**20
+    # no gradients: nothing to accumulate, both 2·N·H·V; a tie goes to the row schedule
+    assert plan_schedule(**big, budget_bytes=470 * 2**20, grads=False).schedule == "rows"
+    # forced schedules, and a budget below both plans' floors takes the leaner
+    assert plan_schedule(**big, budget_bytes=10 * 2**20, schedule="rows").schedule == "rows"
+    p = plan_schedule(**big, budget_bytes=2**20, schedule="auto", min_cols=64)
+    assert p.schedule == "vocab" and p.cols == 64 and p.work_bytes <= 2**20
+    # below the narrowest panel only the row schedule fits (4 rows: 1 MiB - 1 byte)
+    p = plan_schedule(**big, budget_bytes=2**20 - 1, schedule="auto", min_cols=64)
+    assert p.schedule == "rows" and p.work_bytes <= 2**20
+    tiny = plan_schedule(**big, budget_bytes=1, min_cols=64)
+    assert tiny.work_bytes == min(128256 * 2, 8192 * 64 * 2)
+
+
+def test_config_schedule_is_checked():
+    with pytest.raises(ValueError, match="schedule must be"):
+        FlceConfig(schedule="columns")
+    with pytest.raises(ValueError, match="vocab_min_cols"):
+        dataclasses.replace(FlceConfig(), vocab_min_cols=0)
