@@ -42,7 +42,7 @@ from common import median_ms, run_meta, save_json
 from triton.testing import do_bench
 
 from kassay.kernels import DEFAULT_MEMORY_BUDGET_BYTES, FlceConfig, fused_linear_cross_entropy
-from kassay.kernels.flce import plan_rows
+from kassay.kernels.flce import plan_rows, plan_schedule
 
 SHAPES = [(8192, 4096, 128256), (8192, 2304, 256000)]
 SWEEP_N = [1024, 4096, 8192, 16384]
@@ -178,6 +178,26 @@ def budget_points(n: int, v: int, min_rows: int) -> list[tuple[int, int]]:
     return out
 
 
+#: vocabulary-panel widths of the sweep (budget = N * cols * 2 bytes)
+VOCAB_COLS = [64, 128, 256, 384, 512, 768, 1024, 2048, 4096, 8192]
+
+
+def vocab_points(n: int, v: int) -> list[tuple[int, int]]:
+    """(budget bytes, columns per panel) of the vocabulary schedule's sweep."""
+    out, seen = [], set()
+    for c in VOCAB_COLS:
+        b = n * c * 2
+        cols = plan_schedule(n, 1, v, 2, b, schedule="vocab").cols
+        if cols not in seen:
+            seen.add(cols)
+            out.append((b, cols))
+    return out
+
+
+ROWS_CFG = FlceConfig(schedule="rows")
+VOCAB_CFG = FlceConfig(schedule="vocab")
+
+
 def run_budgets(args, result):
     """kassay at every budget of the sweep and each peer once, per target shape."""
     curve, peers = [], []
@@ -189,11 +209,24 @@ def run_budgets(args, result):
         for budget, rows in budget_points(n, v, args.min_rows):
 
             def fn(x, w, t, _b=budget):
-                return fused_linear_cross_entropy(x, w, t, memory_budget_bytes=_b)
+                return fused_linear_cross_entropy(x, w, t, memory_budget_bytes=_b, config=ROWS_CFG)
 
             row = _point(fn, x, w, t, ref, n, h, v, "kassay")
-            row.update(budget_bytes=budget, rows_per_chunk=rows, chunks=-(-n // rows))
+            row.update(
+                schedule="rows", budget_bytes=budget, rows_per_chunk=rows, chunks=-(-n // rows)
+            )
             curve.append(row)
+        for budget, cols in vocab_points(n, v):
+
+            def fn(x, w, t, _b=budget):
+                return fused_linear_cross_entropy(x, w, t, memory_budget_bytes=_b, config=VOCAB_CFG)
+
+            row = _point(fn, x, w, t, ref, n, h, v, "kassay")
+            row.update(schedule="vocab", budget_bytes=budget, cols_per_panel=cols)
+            row.update(panels=-(-v // cols), tflops_8nhv=8 * n * h * v / row.get("ms", 1) / 1e9)
+            curve.append(row)
+        if not args.quick or (n, h, v) == SHAPES[0]:
+            options_ab(x, w, t, n, h, v, result)
         for name, fn in impls().items():
             if name != "kassay" and name not in skip:
                 peers.append(_point(fn, x, w, t, ref, n, h, v, name))
@@ -244,9 +277,74 @@ def curve_verdicts(curve, peers):
         verdict = "faster" if best["ms"] < p["ms"] else "NOT faster"
         lines.append(
             head + f"kassay {verdict}: {best['ms']:.1f} ms at {best['peak_extra_gib']:.2f} GiB "
-            f"({best['rows_per_chunk']}-row chunks, {p['ms'] / best['ms']:.2f}x)"
+            f"({_chunk(best)}, {p['ms'] / best['ms']:.2f}x)"
         )
     return lines
+
+
+def _chunk(c) -> str:
+    if c.get("schedule") == "vocab":
+        return f"vocab schedule, {c['cols_per_panel']}-column panels"
+    return f"row schedule, {c['rows_per_chunk']}-row chunks"
+
+
+#: the options of the A/B: each alone, then all together (class weights need a [V] tensor)
+OPTION_SETS = {
+    "bias": {},
+    "label_smoothing": {"label_smoothing": 0.1},
+    "softcap": {"softcap": 30.0},
+    "z_loss": {"z_loss_scale": 1e-4},
+    "ce_weight": {"ce_weight": True},
+    "token_scaling": {"use_token_scaling": True},
+    "token_accuracy": {"return_token_accuracy": True},
+    "reduction_none": {"reduction": "none"},
+    "all": {
+        "label_smoothing": 0.1, "softcap": 30.0, "z_loss_scale": 1e-4, "ce_weight": True,
+        "use_token_scaling": True, "return_token_accuracy": True,
+    },
+}  # fmt: skip
+
+
+def options_ab(x, w, t, n, h, v, result, repeats=3):
+    """The vocabulary schedule's cost of each option over its plain call, at its leanest
+    budget worth running (512-column panels), interleaved: plain, option, plain, option, ..."""
+    b = torch.randn(v, device="cuda", dtype=torch.bfloat16) * 0.1
+    cw = torch.rand(v, device="cuda") + 0.5
+    budget = n * 512 * 2
+    xr = x.detach().clone().requires_grad_()
+    wr = w.detach().clone().requires_grad_()
+    br = b.clone().requires_grad_()
+
+    def make(opts):
+        kw = {k: val for k, val in opts.items() if k != "ce_weight"}
+        if opts.get("ce_weight"):
+            kw["ce_weight"] = cw
+        with_bias = opts is OPTION_SETS["bias"] or opts is OPTION_SETS["all"]
+
+        def step():
+            out = fused_linear_cross_entropy(
+                xr, wr, t, br if with_bias else None, memory_budget_bytes=budget,
+                config=VOCAB_CFG, **kw,
+            )  # fmt: skip
+            loss = out.loss if isinstance(out, tuple) else out
+            (loss.sum() if loss.dim() else loss).backward()
+
+        return step
+
+    plain = make({})
+    rows = []
+    for name, opts in OPTION_SETS.items():
+        step = make(opts)
+        step()
+        pm, om = [], []
+        for _ in range(repeats):
+            for fn, acc in ((plain, pm), (step, om)):
+                acc.append(do_bench(fn, warmup=20, rep=300, grad_to_none=[xr, wr, br]))
+        row = {"N": n, "H": h, "V": v, "option": name, "plain_ms": sorted(pm)[1]}
+        row.update(option_ms=sorted(om)[1], cost=sorted(om)[1] / sorted(pm)[1] - 1.0)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    result.setdefault("options_ab", []).extend(rows)
 
 
 def run_ab(args, result):

@@ -203,3 +203,19 @@ def test_config_schedule_is_checked():
         FlceConfig(schedule="columns")
     with pytest.raises(ValueError, match="vocab_min_cols"):
         dataclasses.replace(FlceConfig(), vocab_min_cols=0)
+
+
+def test_auto_budget_and_plan_call():
+    from kassay.kernels import plan_call
+
+    x, w, t, _ = _inputs(8, 16, 30, torch.float32, False, 0.0, seed=2)
+    # off CUDA "auto" is the config's budget; the plan names what the call runs
+    assert plan_call(x, w, memory_budget_bytes="auto") == plan_call(x, w)
+    assert plan_call(x, w).schedule == "rows"
+    lean = plan_call(x, w, memory_budget_bytes=8 * 10 * 4, config=VOCAB)
+    assert (lean.schedule, lean.cols) == ("vocab", 10)
+    auto = flce_kernel()(x, w, t, memory_budget_bytes="auto")
+    torch.testing.assert_close(auto, flce_kernel()(x, w, t))
+    for bad in ("Auto", 0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="memory_budget_bytes must be"):
+            flce_kernel()(x, w, t, memory_budget_bytes=bad)

@@ -2,10 +2,11 @@
 
     from kassay.kernels import fused_linear_cross_entropy, merge_state
 
-Fused linear cross-entropy (forward and backward, chunked over rows, AMP-safe):
+Fused linear cross-entropy (forward and backward, chunked over rows or over vocabulary panels
+by a memory budget, AMP-safe):
     fused_linear_cross_entropy, FusedLinearCrossEntropyLoss (an nn.Module), FlceConfig (frozen
     tuning passed as `config=`), FlceOutput (what a call with return_token_accuracy returns),
-    DEFAULT_MEMORY_BUDGET_BYTES.
+    plan_call (the schedule and chunk a call runs), DEFAULT_MEMORY_BUDGET_BYTES.
 Attention-state merge (softmax log-sum-exp correction, natural-log LSE):
     merge_state (two states into new tensors), merge_states (K states, one pass),
     merge_state_ (fold one state into an accumulator in place), MergeConfig (frozen launch
@@ -24,6 +25,7 @@ from kassay.kernels.flce import (
     FlceOutput,
     FusedLinearCrossEntropyLoss,
     fused_linear_cross_entropy,
+    plan_call,
 )
 from kassay.kernels.lse_merge import MergeConfig, merge_state, merge_state_, merge_states
 
@@ -37,4 +39,5 @@ __all__ = [
     "merge_state",
     "merge_state_",
     "merge_states",
+    "plan_call",
 ]

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from kassay.kernels._flce_autograd import _autocast_dtype, _FLCEFunction
-from kassay.kernels._flce_launch import INTERPRETED, plan_rows
+from kassay.kernels._flce_launch import INTERPRETED, Plan, plan_rows, plan_schedule
 from kassay.kernels.flce_config import DEFAULT_CONFIG, DEFAULT_MEMORY_BUDGET_BYTES, FlceConfig
 
 __all__ = [
@@ -59,8 +59,11 @@ __all__ = [
     "FlceConfig",
     "FlceOutput",
     "FusedLinearCrossEntropyLoss",
+    "Plan",
     "fused_linear_cross_entropy",
+    "plan_call",
     "plan_rows",
+    "plan_schedule",
 ]
 
 _REDUCTIONS = ("mean", "sum", "none")
@@ -151,8 +154,14 @@ def _check_inputs(
         raise ValueError(f"softcap must be > 0 or None, got {softcap}")
     if not math.isfinite(float(z_loss_scale)) or float(z_loss_scale) < 0.0:
         raise ValueError(f"z_loss_scale must be finite and >= 0, got {z_loss_scale}")
-    if memory_budget_bytes is not None and int(memory_budget_bytes) < 1:
-        raise ValueError(f"memory_budget_bytes must be positive, got {memory_budget_bytes}")
+    if memory_budget_bytes is not None and memory_budget_bytes != "auto":
+        if isinstance(memory_budget_bytes, bool) or not isinstance(memory_budget_bytes, int):
+            raise ValueError(
+                f"memory_budget_bytes must be a positive int, 'auto' or None, got "
+                f"{memory_budget_bytes!r}"
+            )
+        if memory_budget_bytes < 1:
+            raise ValueError(f"memory_budget_bytes must be positive, got {memory_budget_bytes}")
     if x.device.type != "cuda" and not INTERPRETED:
         raise ValueError("kassay flce needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tensors)")
     return _TargetCheck(target, weight.shape[0], ignore_index)
@@ -199,6 +208,43 @@ class _TargetCheck:
             raise ValueError(self.message)
 
 
+def _resolve_budget(budget: int | str | None, cfg: FlceConfig, device: torch.device) -> int:
+    """The budget in bytes: None -> the config's; "auto" -> the config's, capped at half the
+    device's free memory (CUDA; elsewhere the config's)."""
+    if budget is None:
+        return int(cfg.memory_budget_bytes)
+    if budget == "auto":
+        if device.type == "cuda":
+            free, _total = torch.cuda.mem_get_info(device)
+            return max(1, min(int(cfg.memory_budget_bytes), free // 2))
+        return int(cfg.memory_budget_bytes)
+    return int(budget)
+
+
+def plan_call(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    memory_budget_bytes: int | str | None = None,
+    config: FlceConfig | None = None,
+    grads: bool = True,
+    reduction: str = "mean",
+) -> Plan:
+    """The schedule and chunk `fused_linear_cross_entropy` runs for these inputs and budget
+    (`Plan`: schedule "rows" or "vocab", rows or columns per chunk, working bytes)."""
+    cfg = DEFAULT_CONFIG if config is None else config
+    n = x.reshape(-1, x.shape[-1]).shape[0]
+    es = x.element_size()
+    cdt = _autocast_dtype(x.device.type)
+    if cdt is not None:
+        es = torch.empty((), dtype=cdt).element_size()
+    return plan_schedule(
+        n, x.shape[-1], weight.shape[0], es, _resolve_budget(memory_budget_bytes, cfg, x.device),
+        schedule=cfg.schedule, grads=grads, per_row=reduction == "none",
+        min_cols=cfg.vocab_min_cols,
+    )  # fmt: skip
+
+
 def fused_linear_cross_entropy(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -211,7 +257,7 @@ def fused_linear_cross_entropy(
     softcap: float | None = None,
     z_loss_scale: float = 0.0,
     return_z_loss: bool = False,
-    memory_budget_bytes: int | None = None,
+    memory_budget_bytes: int | str | None = None,
     config: FlceConfig | None = None,
     ce_weight: torch.Tensor | None = None,
     accum_dtype: torch.dtype | None = None,
@@ -231,9 +277,14 @@ def fused_linear_cross_entropy(
         softcap: if set, logits z become softcap·tanh(z / softcap) before the softmax.
         z_loss_scale: PaLM z-loss weight: adds z_loss_scale·lse(z)² for every non-ignored row.
         return_z_loss: also return the z-loss term alone.
-        memory_budget_bytes: bytes for the transient logits chunk (rows·V·itemsize); default
-            the config's (`DEFAULT_MEMORY_BUDGET_BYTES`, 470 MiB). More bytes: fewer, larger
-            chunks, more peak memory.
+        memory_budget_bytes: working memory beyond the inputs and the gradients, in bytes, or
+            "auto"; default the config's (`DEFAULT_MEMORY_BUDGET_BYTES`, 470 MiB: the fastest
+            point at the two target shapes). The call runs the faster of two schedules that
+            fits it (`plan_call` says which): row chunks (a [rows, V] logits chunk,
+            grad_weight accumulated over the chunks; the default) or vocabulary panels (an
+            [N, P] panel, logits recomputed in backward, every gradient written once: the
+            low-memory end, down to N·64·itemsize bytes). "auto": the config's budget, or
+            half the GPU's free memory when that is less.
         config: `FlceConfig` (GEMM paths, launch tuning, memory budget); default
             `FlceConfig()`, the shipped configuration.
         ce_weight: [V] per-class weights (any float dtype, used in float32; no gradient), as
@@ -328,7 +379,7 @@ def fused_linear_cross_entropy(
     cfg = DEFAULT_CONFIG if config is None else config
     if not isinstance(cfg, FlceConfig):
         raise ValueError(f"config must be a FlceConfig or None, got {type(cfg).__name__}")
-    budget = cfg.memory_budget_bytes if memory_budget_bytes is None else int(memory_budget_bytes)
+    budget = _resolve_budget(memory_budget_bytes, cfg, x.device)
     loss, zl, acc = _FLCEFunction.apply(
         x,
         weight,
@@ -372,7 +423,7 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         softcap: float | None = None,
         z_loss_scale: float = 0.0,
         return_z_loss: bool = False,
-        memory_budget_bytes: int | None = None,
+        memory_budget_bytes: int | str | None = None,
         config: FlceConfig | None = None,
         ce_weight: torch.Tensor | None = None,
         accum_dtype: torch.dtype | None = None,
