@@ -24,7 +24,7 @@ from flce_reference import (
 
 from kassay.kernels import FlceConfig
 from kassay.kernels._flce_launch import plan_schedule
-from kassay.kernels._flce_vocab import tail_rows
+from kassay.kernels._flce_vocab import inplace_cols, tail_rows
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -62,18 +62,66 @@ OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("red", ["mean", "sum", "none"])
-@pytest.mark.parametrize("bias,ls,ign,cap,zls", OPTIONS)
-@pytest.mark.parametrize("n,v,cols", [(24, 123, 20), (24, 40, 16)])
-def test_grid(dtype, red, bias, ls, ign, cap, zls, n, v, cols):
-    # V=123: 2N rows (N for float32) of grad_W hold the grad_x accumulator, so the walk has a
-    # tail; V=40: no room, the accumulator is separate
+DTYPES = [torch.float32, torch.float16]
+REDUCTIONS = ["mean", "sum", "none"]
+# V=123: 2N rows (N for float32) of grad_W hold the grad_x accumulator, so the walk has a tail;
+# V=40: no room, the accumulator is separate
+SHAPES = [(24, 123, 20), (24, 40, 16)]
+
+
+def _pairs(*axes: list) -> list[tuple]:
+    """Every pair of the first two axes, the others cycled through: each option meets each
+    reduction, each dtype each shape, at a quarter of the full grid's interpreter time."""
+    first, second, *rest = axes
+    cases = []
+    for i, a in enumerate(first):
+        for j, b in enumerate(second):
+            # axis r steps every (r+1)-th of `second`: two cycled axes drift apart
+            cases.append((a, b, *(ax[(i + j // (r + 1)) % len(ax)] for r, ax in enumerate(rest))))
+    return cases
+
+
+@pytest.mark.parametrize("opts,red,dtype,shape", _pairs(OPTIONS, REDUCTIONS, DTYPES, SHAPES))
+def test_grid(opts, red, dtype, shape):
+    bias, ls, ign, cap, zls = opts
+    n, v, cols = shape
     x, w, t, b = _inputs(n, 16, v, dtype, bias, ign)
     check_against_reference(
         x, w, t, b, _go(n, red), ls=ls, red=red, cap=cap, zls=zls, budget=_budget(n, cols, dtype),
         factor=1.25, floor=4 * torch.finfo(dtype).eps, config=VOCAB,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("opts,dtype,red", _pairs(OPTIONS[1:4], DTYPES, ["mean", "none"]))
+def test_panels_in_grad_weights_unwritten_rows(opts, dtype, red):
+    bias, ls, ign, cap, zls = opts
+    # H=64: backward panels of 32 columns live in grad_W's own rows; the budget pays for 4
+    # columns, used only for the last rows, where panel and scratch no longer both fit
+    n, h, v = 24, 64, 300
+    assert inplace_cols(n, h, v, 4, tail_rows(n, h, v, 4, dtype), dtype, dtype, VOCAB) == 32
+    x, w, t, b = _inputs(n, h, v, dtype, bias, ign)
+    check_against_reference(
+        x, w, t, b, _go(n, red), ls=ls, red=red, cap=cap, zls=zls, budget=_budget(n, 4, dtype),
+        factor=1.25, floor=4 * torch.finfo(dtype).eps, config=VOCAB,
+    )  # fmt: skip
+
+
+def test_inplace_panels_with_one_gradient_only():
+    # grad_W alone (no accumulator: one walk, grad_b with the narrowing panels) and grad_x
+    # alone (no grad_W rows to borrow): the same gradients as with both
+    n, h, v = 24, 64, 300
+    x, w, t, b = _inputs(n, h, v, torch.float32, True, 0.2, seed=4)
+    kw = dict(label_smoothing=0.1, memory_budget_bytes=_budget(n, 4, torch.float32), config=VOCAB)
+    xs, ws, bs = (a.clone().requires_grad_() for a in (x, w, b))
+    flce_kernel()(xs, ws, t, bs, **kw).backward()
+    wr, br = w.clone().requires_grad_(), b.clone().requires_grad_()
+    flce_kernel()(x, wr, t, br, **kw).backward()
+    xr = x.clone().requires_grad_()
+    flce_kernel()(xr, w, t, b, **kw).backward()
+    torch.testing.assert_close(wr.grad, ws.grad, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(br.grad, bs.grad, rtol=1e-6, atol=1e-8)
+    # grad_x alone walks the budget's 4-column panels, not 32: float32 sums in another order
+    torch.testing.assert_close(xr.grad, xs.grad, rtol=1e-4, atol=1e-7)
 
 
 def test_the_tail_is_walked_when_it_should_be():
@@ -83,10 +131,8 @@ def test_the_tail_is_walked_when_it_should_be():
     assert tail_rows(3, 5, 101, 8, torch.float16) == 7  # odd offset moved to a 4-byte boundary
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("red", ["mean", "sum", "none"])
-@pytest.mark.parametrize("ts", [False, True])
-def test_class_weights_and_token_scaling(dtype, red, ts):
+@pytest.mark.parametrize("red,ts,dtype", _pairs(REDUCTIONS, [False, True], DTYPES))
+def test_class_weights_and_token_scaling(red, ts, dtype):
     n, v = 24, 123
     x, w, t, b, cw = _inputs(n, 16, v, dtype, True, 0.25, seed=5, weights=True)
     out = check_options(

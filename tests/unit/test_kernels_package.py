@@ -41,6 +41,7 @@ PUBLIC = [
     "merge_state",
     "merge_state_",
     "merge_states",
+    "plan_call",
 ]
 
 

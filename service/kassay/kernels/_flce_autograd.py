@@ -475,7 +475,7 @@ def _vocab_forward(
     b = None if bias is None else bias.contiguous()
     v = w.shape[0]
     stats, sz, idx = vocab_forward(
-        xc, w, b, tgt, cols=cols, softcap=softcap, label_smoothing=label_smoothing, cew=cew,
+        xc, w, b, tgt, cols=_forward_cols(xc, w, cols, needs, x.dtype, cfg), softcap=softcap, label_smoothing=label_smoothing, cew=cew,
         want_accuracy=want_accuracy, cfg=cfg,
     )  # fmt: skip
     lse, zt = stats.lse, stats.z_t
@@ -516,6 +516,25 @@ def _vocab_forward(
         )  # fmt: skip
     ctx.mark_non_differentiable(out[1], *([out[2]] if out[2] is not None else []))
     return out
+
+
+def _forward_cols(xc, w, cols, needs, x_dtype, cfg) -> int:
+    """Forward panel width: the backward's peak holds the gradients beside its panels, so the
+    forward (which holds no gradient yet) may spend the gradients' bytes as well as the budget
+    on wider panels without raising the call's peak (under autocast a panel also casts its
+    [P, H] weight rows)."""
+    need_gx, need_gw, _ = needs
+    n, h = xc.shape
+    v = w.shape[0]
+    cs = xc.element_size()
+    grads = (v * h * w.element_size() if need_gw else 0) + (
+        n * h * torch.empty((), dtype=x_dtype).element_size() if need_gx else 0
+    )
+    per_col = n * cs + (h * cs if w.dtype != xc.dtype else 0)
+    wide = min(int(cfg.vocab_forward_max_cols), v, (cols * n * cs + grads) // per_col)
+    if wide >= 256:
+        wide -= wide % 128
+    return max(cols, wide)
 
 
 def _vocab_backward(ctx, grad_loss):

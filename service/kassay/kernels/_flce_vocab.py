@@ -73,12 +73,15 @@ def _panel_launch(z: torch.Tensor, cfg: FlceConfig) -> tuple[int, int, int]:
     return min(rows, 8 * _num_sms(z.device.index or 0)), block_v, warps
 
 
-def _logits(z, xc, w, b, v0, v1, cdt) -> None:
-    """z [N, P] = x @ W[v0:v1]^T (+ b[v0:v1]) in the compute dtype (W cast per panel: under
-    autocast the float32 weights are never copied whole)."""
+def _w_panel(w: torch.Tensor, v0: int, v1: int, cdt: torch.dtype) -> torch.Tensor:
+    """W[v0:v1] in the compute dtype (under autocast the float32 weights are cast a panel at a
+    time, never copied whole)."""
     wp = w[v0:v1]
-    if wp.dtype != cdt:
-        wp = wp.to(cdt)
+    return wp if wp.dtype == cdt else wp.to(cdt)
+
+
+def _logits(z, xc, wp, b, v0, v1, cdt) -> None:
+    """z [N, P] = x @ W_p^T (+ b[v0:v1]) in the compute dtype."""
     if b is not None:
         bp = b[v0:v1]
         torch.addmm(bp if bp.dtype == cdt else bp.to(cdt), xc, wp.t(), out=z)
@@ -121,7 +124,7 @@ def vocab_forward(
         for v0 in range(0, v, cols):
             v1 = min(v, v0 + cols)
             z = _panel(zbuf, n, v1 - v0)
-            _logits(z, xc, w, b, v0, v1, cdt)
+            _logits(z, xc, _w_panel(w, v0, v1, cdt), b, v0, v1, cdt)
             grid, block_v, warps = _panel_launch(z, cfg)
             K._panel_stats_kernel[(grid,)](
                 z,
@@ -162,6 +165,22 @@ def tail_rows(n: int, h: int, v: int, cols: int, gw_dtype: torch.dtype) -> int:
     return r if v - r >= 1 else 0
 
 
+def scratch_rows(n: int, h: int, cols: int, cdt: torch.dtype, gw_dtype: torch.dtype) -> int:
+    """Rows of grad_weight whose bytes hold one [N, cols] panel in the compute dtype."""
+    es = torch.empty((), dtype=gw_dtype).element_size()
+    cs = torch.empty((), dtype=cdt).element_size()
+    return -(-n * cols * cs // (h * es))
+
+
+def _rows_as(gw: torch.Tensor, row: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes of grad_weight rows [row, ...) as `count` elements of `dtype` (flat)."""
+    h = gw.shape[1]
+    flat = gw.view(-1)[row * h :]
+    if flat.dtype != dtype:
+        flat = flat.view(torch.uint8).view(dtype)
+    return flat[:count]
+
+
 def vocab_backward(
     xc: torch.Tensor,  # [N, H] compute dtype
     w: torch.Tensor,  # [V, H] weight (cast per panel)
@@ -182,7 +201,12 @@ def vocab_backward(
     cfg: FlceConfig,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(grad_x in gx_dtype, grad_W in gw_dtype, grad_b float32) of every panel, grad_output
-    already folded into `coef`. See the module docstring for the order of the panels."""
+    already folded into `coef`. See the module docstring for the order of the panels.
+
+    `cols` is the panel width the budget pays for (a buffer of its own). Where grad_weight is
+    computed, wider panels (`cfg.vocab_inplace_cols`, capped so the panel fits N/2 rows of
+    grad_weight) are walked in grad_weight's own unwritten rows instead: the panel buffer then
+    costs nothing, and the budget's buffer is only allocated for the last few rows."""
     n, h = xc.shape
     v = w.shape[0]
     dev = xc.device
@@ -204,14 +228,23 @@ def vocab_backward(
         else:
             acc = torch.empty((n, h), dtype=f32, device=dev)
     one = torch.ones(1, dtype=f32, device=dev)
-    zbuf = torch.empty(n * min(cols, v), dtype=cdt, device=dev)
+    own: list[torch.Tensor] = []  # the budget's panel buffer, allocated when first needed
     seen = [False]  # whether the accumulator holds a panel yet (the first one stores)
 
-    def walk(lo: int, hi: int, do_gx: bool, do_gw: bool, do_gb: bool) -> None:
-        for v0 in range(lo, hi, cols):
-            v1 = min(hi, v0 + cols)
-            z = _panel(zbuf, n, v1 - v0)
-            _logits(z, xc, w, b, v0, v1, cdt)
+    def buffer(p: int, row: int | None) -> torch.Tensor:
+        """The [N, p] panel: in grad_weight's rows from `row`, else the budget's buffer."""
+        if row is not None and gw is not None:
+            return _rows_as(gw, row, n * p, cdt).view(n, p)
+        if not own:
+            own.append(torch.empty(n * min(cols, v), dtype=cdt, device=dev))
+        return _panel(own[0], n, p)
+
+    def walk(lo, hi, c, row, do_gx: bool, do_gw: bool, do_gb: bool) -> None:
+        for v0 in range(lo, hi, c):
+            v1 = min(hi, v0 + c)
+            z = buffer(v1 - v0, row)
+            wp = _w_panel(w, v0, v1, cdt)
+            _logits(z, xc, wp, b, v0, v1, cdt)
             grid, block_v, warps = _panel_launch(z, cfg)
             K._panel_grad_kernel[(grid,)](
                 z,
@@ -243,24 +276,77 @@ def vocab_backward(
                 else:  # autocast with float32 weights: float32 out of 16-bit operands
                     _launch_gemm_tn(z, xc, out, one, accumulate=False, cfg=cfg)
             if do_gx and acc is not None:
-                wp = w[v0:v1]
-                if wp.dtype != cdt:
-                    wp = wp.to(cdt)
                 # acc [N, H] (+)= z @ W_p, written as (z^T)^T @ W_p for the TN kernel
                 _launch_gemm_tn(z.t(), wp, acc, one, accumulate=seen[0], cfg=cfg)
                 seen[0] = True
 
-    with _ieee_fp32_matmul(exact):
-        walk(0, v - r, True, True, True)
-        if r:
-            walk(v - r, v, True, False, True)
-    if acc is not None:
+    def finish_gx() -> None:
+        nonlocal gx
+        if acc is None:
+            return
         gx = torch.empty((n, h), dtype=gx_dtype, device=dev)
         if acc.device.type == "cuda" or INTERPRETED:
             _launch_finalize(acc, gx, one, cfg=cfg)
         else:
             gx.copy_(acc)
-    if r:
-        with _ieee_fp32_matmul(exact):
-            walk(v - r, v, False, True, False)
+
+    wide = inplace_cols(n, h, v, cols, r, cdt, gw_dtype, cfg) if gw is not None else 0
+    with _ieee_fp32_matmul(exact):
+        if not wide:
+            walk(0, v - r, cols, None, True, True, True)
+            if r:
+                walk(v - r, v, cols, None, True, False, True)
+            finish_gx()
+            if r:
+                walk(v - r, v, cols, None, False, True, False)
+            return gx, gw, gb
+        # the wide panel lives in the S rows just before the accumulator's R rows
+        lo = v - r - scratch_rows(n, h, wide, cdt, gw_dtype)
+        walk(0, lo, wide, lo, True, True, True)
+        split = acc is not None  # the rows from lo on: grad_x (and grad_b) first, then grad_W
+        if split:
+            walk(lo, v, wide, lo, True, False, True)  # no grad_W written: the scratch stays
+        finish_gx()
+        # the rows [lo, V) are all unwritten now: their panels take the scratch at the very
+        # end, narrowing as the rows left shrink (a panel and its scratch must both fit)
+        q, c = lo, wide
+        while q < v:
+            top = v - scratch_rows(n, h, c, cdt, gw_dtype)
+            if q + c <= top:
+                end = q + (top - q) // c * c
+                walk(q, end, c, top, False, True, not split)
+                q = end
+                continue
+            c = _fitting_cols(v - q, n, h, cdt, gw_dtype)
+            if c < max(cols, cfg.vocab_min_cols):
+                break
+        if q < v:
+            walk(q, v, cols, None, False, True, not split)
     return gx, gw, gb
+
+
+def inplace_cols(
+    n: int, h: int, v: int, cols: int, r: int, cdt: torch.dtype, gw_dtype: torch.dtype, cfg
+) -> int:
+    """Width of the panels walked in grad_weight's unwritten rows, or 0 when the budget's own
+    panels are as wide or grad_weight has no room (its scratch and the accumulator's R rows
+    must leave at least one panel before them). Capped so that the scratch takes at most N/2
+    rows: the rows from the scratch on are walked twice (their logits recomputed once more)."""
+    es = torch.empty((), dtype=gw_dtype).element_size()
+    cs = torch.empty((), dtype=cdt).element_size()
+    c = min(int(cfg.vocab_inplace_cols), v, max(1, (h * es) // (2 * cs)))
+    if c >= 256:
+        c -= c % 128
+    if c <= cols or v - r - scratch_rows(n, h, c, cdt, gw_dtype) < c:
+        return 0
+    return c
+
+
+def _fitting_cols(q: int, n: int, h: int, cdt: torch.dtype, gw_dtype: torch.dtype) -> int:
+    """The widest panel c with c + scratch_rows(c) <= q."""
+    es = torch.empty((), dtype=gw_dtype).element_size()
+    cs = torch.empty((), dtype=cdt).element_size()
+    c = (q * h * es) // (h * es + n * cs)
+    while c > 0 and c + scratch_rows(n, h, c, cdt, gw_dtype) > q:
+        c -= 1
+    return c

@@ -76,7 +76,10 @@ class FlceConfig:
         fin_block_gpu, fin_block_interp: elements per program of the finalize kernel.
         vocab_ce_config_gpu: the panel kernels of the vocabulary schedule (BLOCK_V,
             num_warps, unused); vocab_min_cols: its narrowest panel (a smaller budget is
-            exceeded rather than the panel made narrower).
+            exceeded rather than the panel made narrower); vocab_inplace_cols: the widest
+            backward panel kept in grad_weight's unwritten rows (0: never there);
+            vocab_forward_max_cols: the widest forward panel (the forward may use up to the
+            gradients' bytes beyond the budget: its peak stays below the backward's).
     """
 
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
@@ -102,6 +105,8 @@ class FlceConfig:
     fin_block_interp: int = K.FIN_BLOCK_INTERP
     vocab_ce_config_gpu: tuple[int, int, int] = K.VOCAB_CE_CONFIG_GPU
     vocab_min_cols: int = K.VOCAB_MIN_COLS
+    vocab_inplace_cols: int = K.VOCAB_INPLACE_COLS
+    vocab_forward_max_cols: int = K.VOCAB_FORWARD_MAX_COLS
 
     def __post_init__(self) -> None:
         # fail at construction, not deep inside a launch
@@ -111,6 +116,8 @@ class FlceConfig:
             )
         if self.schedule not in ("auto", "rows", "vocab"):
             raise ValueError(f"schedule must be 'auto', 'rows' or 'vocab', got {self.schedule!r}")
+        if int(self.vocab_inplace_cols) < 0 or int(self.vocab_forward_max_cols) < 1:
+            raise ValueError("vocab_inplace_cols must be >= 0 and vocab_forward_max_cols >= 1")
         if int(self.vocab_min_cols) < 1:
             raise ValueError(f"vocab_min_cols must be >= 1, got {self.vocab_min_cols}")
         if self.gw_accumulation not in ("auto", "cublas"):
