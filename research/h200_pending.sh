@@ -19,7 +19,8 @@
 #   timed     alone on the GPU: the timing GPU tests (device time vs the profiler, the gate's
 #             slowed runs) and #15's bench/ci_latency.py (~300 s)
 #   engine    alone on the GPU: the README's engine table from examples/h200.yaml (~150 s)
-#   flce      the memory-speed curve of the default call (~300 s)
+#   flce      the memory-speed curve of both schedules and every peer, both shapes (~300 s)
+#   vocab     #40: the FLCE GPU tests of both schedules (~120 s), then the curve (`flce`)
 #   gputests  the whole GPU test suite, alone (~400 s)
 #   sandbox   #31's CUDA IPC transport (tests/gpu/test_cuda_ipc_gpu.py), the sandboxed Triton
 #             artifact (test_sandbox_gpu.py) and #30's op plugin on CUDA (test_op_plugin_gpu.py)
@@ -33,10 +34,12 @@
 #             m_stale_lse failed; m_label_smoothing_weight inconclusive. At 1000 steps,
 #             2026-12-05: 484 s, those verdicts)
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|gputests|sandbox|codejobs|convergence}
+stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|vocab|gputests|sandbox|codejobs|convergence}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | grep -oE 'H[0-9]+' | tr 'H' 'h')
+gpu=${gpu:-gpu}
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw,temperature.gpu --format=csv \
     >"$out/gpu-$stage.csv" 2>&1
@@ -81,7 +84,13 @@ engine)
         --json "$out/h200-engine-$day.json" --markdown "$out/h200-engine-$day.md"
     ;;
 flce)
-    step flce-budgets 280 python3 bench/flce.py --budgets --out "$out/flce-budgets-h200-$day.json"
+    step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
+    ;;
+vocab)
+    step gpu-flce 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
+        tests/gpu/test_kernel_flce_options_gpu.py
+    step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
     ;;
 sandbox)
     step gpu-sandbox 500 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \

@@ -133,3 +133,37 @@ def test_in_place_update_writes_the_callers_tensors() -> None:
     )
     assert out.data_ptr() == ptr
     assert torch.equal(out[:3], before[:3]) and not torch.equal(out[3:], before[3:])
+
+
+@pytest.mark.parametrize("budget", [24 * 64 * 4, "auto"])
+def test_kassays_memory_budget_param_reaches_its_schedule(budget) -> None:
+    # 6 KiB: the vocabulary-panel schedule (64-column panels); "auto": the default row chunks.
+    # Either way the engine's verdict is kassay's own default one, and torch ignores the knob.
+    from kassay.kernels import plan_call
+
+    params = {
+        "N": 24,
+        "H": 8,
+        "V": 300,
+        "dtype": "float32",
+        "bias": True,
+        "memory_budget_bytes": budget,
+    }
+    want = "vocab" if budget != "auto" else "rows"
+    x, w = torch.zeros(24, 8), torch.zeros(300, 8)
+    assert plan_call(x, w, memory_budget_bytes=budget).schedule == want
+    res = _run(
+        "flce", {**params, "label_smoothing": 0.1, "ignore_fraction": 0.25}, ["torch", "kassay"]
+    )
+    assert {k: v.status for k, v in res.items()} == {"torch": "passed", "kassay": "passed"}, {
+        k: v.message for k, v in res.items()
+    }
+    assert res["kassay"].params["memory_budget_bytes"] == budget
+
+
+def test_a_bad_memory_budget_is_refused_with_the_field_named() -> None:
+    from kassay.ops import get_op
+
+    for bad in (0, "lots", 1.5):
+        with pytest.raises(ValueError, match="memory_budget_bytes"):
+            get_op("flce").parse_params({"N": 4, "H": 4, "V": 8, "memory_budget_bytes": bad})

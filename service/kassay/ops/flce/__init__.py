@@ -27,7 +27,7 @@ This is the op's torch-free contract; its inputs and float64 reference live in
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -56,6 +56,15 @@ class FlceParams(OpParams):
     accum_dtype: Literal["float32"] | None = None
     use_token_scaling: bool = False
     return_token_accuracy: bool = False
+    memory_budget_bytes: Annotated[int, Field(ge=1, lt=2**63)] | Literal["auto"] | None = Field(
+        None,
+        description=(
+            "the `kassay` impl's working memory beyond inputs and gradients, bytes or 'auto' "
+            "(kassay.kernels' knob: it picks the fastest schedule and chunk that fit); None: "
+            "its default. A tuning knob, not the math: the other impls run the same call at "
+            "every value"
+        ),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> FlceParams:

@@ -36,6 +36,7 @@ def _loss(
         accum_dtype=torch.float32 if p.accum_dtype == "float32" else None,
         use_token_scaling=p.use_token_scaling,
         return_token_accuracy=p.return_token_accuracy,
+        memory_budget_bytes=p.memory_budget_bytes,
     )
 
 
@@ -51,7 +52,8 @@ register(
         "flce",
         "kassay",
         flce_harness.as_run(_loss),
-        "kassay's Triton fused linear cross-entropy (chunked, gradients in forward)",
+        "kassay's Triton fused linear cross-entropy (row chunks with gradients in forward, or "
+        "vocabulary panels recomputed in backward at low memory budgets)",
         _supports,
     )
 )
