@@ -24,6 +24,20 @@ first; then the tail's panels contribute their grad_x (no grad_W), grad_x is rou
 accumulator, and the tail's panels are walked once more for their grad_W (their logits
 recomputed: 2·N·H·R FLOP more, R = 2N rows for 16-bit weights, 3.2% at N=8192, V=128256).
 
+Panels wider than the budget pays for. A panel of P columns costs N·P·itemsize bytes, and
+narrow panels are slow (a [N, 64] panel's GEMMs run far below the GPU's peak). In backward,
+grad_weight's unwritten rows are free memory: the panels are walked at `cfg.vocab_inplace_cols`
+columns (capped so their scratch takes at most N/2 rows of grad_weight), each held in the S rows
+just before the accumulator's R rows; once grad_x is finished, the rows from the scratch on are
+walked with the scratch at the very end, the panels narrowing as the rows left shrink, and only
+the last few rows use the budget's own [N, P] buffer. The forward has no gradient rows to
+borrow, but no gradient exists yet either, and the budget counts bytes beyond the gradients: its
+panels may spend the gradients' bytes as well as the budget (`_flce_autograd._forward_cols`,
+capped at `cfg.vocab_forward_max_cols`, 128 MiB of bf16 panel at N=8192) without raising the
+call's peak, which is the backward's (gradients + budget). A caller whose gradients already
+exist (gradient accumulation) still gets a new gradient from autograd before it is added, so
+that peak holds there too.
+
 Gradients are computed in backward with grad_output folded into each row's coefficients, so
 reduction='none' costs no second pass here.
 """

@@ -1,14 +1,22 @@
-"""kassay's fused linear cross-entropy: forward and backward, chunked over rows, AMP-safe.
+"""kassay's fused linear cross-entropy: forward and backward, chunked over rows or over the
+vocabulary, AMP-safe.
 
 Public API: `fused_linear_cross_entropy` and `FusedLinearCrossEntropyLoss`, tuned by a frozen
 `FlceConfig` passed as `config=`. The layers, one module each:
   flce.py            public API and input checks (this module)
   _flce_autograd.py  the torch.autograd.Function and the chunked pass it runs
-  _flce_launch.py    the chunk planner (`plan_rows`) and the kernel launchers
+  _flce_launch.py    the planners (`plan_schedule`: which schedule and chunk fit the memory
+                     budget, by a cost model; `plan_rows`) and the kernel launchers
+  _flce_vocab.py     the vocabulary-panel schedule (the low-memory end; its own docstring)
   flce_config.py     `FlceConfig`, its defaults and DEFAULT_MEMORY_BUDGET_BYTES
   _flce_kernels.py   the pure @triton.jit kernels and their tuning constants
 
-Plan (counted in research/NOTES-flce.md). For each chunk of `rows` rows:
+Two schedules; `memory_budget_bytes` picks the faster that fits (`plan_call`). The vocabulary
+panels (`_flce_vocab`) recompute the logits in backward (8·N·H·V FLOP instead of 6) and write
+every gradient once; they reach down to N·64·itemsize bytes of working memory. The row chunks
+(the default at 470 MiB, the faster from a few hundred MiB up):
+
+Row plan (counted in research/NOTES-flce.md). For each chunk of `rows` rows:
   1. logits = x_c @ W^T (+ b)                cuBLAS, written into one reused [rows, V] buffer
   2. lse / loss / z-loss / dlogits in place  Triton, a row per program at a time, float32 math
   3. grad_x[rows] = dlogits @ W              cuBLAS, disjoint rows: one rounding, as eager
