@@ -26,7 +26,7 @@ typecheck: venv
 	$(BIN)/mypy service/kassay client/kassay_client
 
 check-protos: venv
-	$(BIN)/python -m kassay.worker.protogen --check
+	$(BIN)/python -m kassay.contract.protogen --check
 
 # Headless Chromium for the dashboard's browser tests: Debian's package (Playwright drives it;
 # never `playwright install`). Where it cannot be installed the tests skip and say why.
@@ -63,7 +63,7 @@ integration: venv postgres
 	$(BIN)/python -m pytest -q -ra tests/integration
 
 protos: venv
-	$(BIN)/python -m kassay.worker.protogen
+	$(BIN)/python -m kassay.contract.protogen
 
 # The SDK's blocking client, generated from its async definition (kassay_client/_async/).
 sdk: venv

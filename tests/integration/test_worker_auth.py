@@ -31,8 +31,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc  # noqa:
 from grpc_status import rpc_status  # noqa: E402
 from users import KASSAY  # noqa: E402
 
-from kassay.v1 import worker_pb2 as pb  # noqa: E402
-from kassay.v1 import worker_pb2_grpc  # noqa: E402
+from kassay.contract.v1 import worker_pb2 as pb  # noqa: E402
+from kassay.contract.v1 import worker_pb2_grpc  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

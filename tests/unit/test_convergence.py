@@ -124,8 +124,8 @@ def test_what_the_model_cannot_train_with_is_refused_saying_why(suite: dict, why
 
 
 def test_convergence_groups_and_results_cross_the_wire() -> None:
-    from kassay import wire
-    from kassay.v1 import worker_pb2 as pb
+    from kassay.contract import wire
+    from kassay.contract.v1 import worker_pb2 as pb
     from kassay.validate.case_result import case_result
     from kassay.validate.results import ConvergenceResult
 

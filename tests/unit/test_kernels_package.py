@@ -28,7 +28,7 @@ SERVICE_MODULES = (
     "kassay.settings",
     "kassay.errors",
     "kassay.cli",
-    "kassay.v1",
+    "kassay.contract",
 )
 
 PUBLIC = [

@@ -11,10 +11,10 @@ import pytest
 
 pytest.importorskip("grpc")
 
-from kassay import wire as convert
+from kassay.contract import wire as convert
+from kassay.contract.v1 import worker_pb2 as pb
 from kassay.errors import InvalidSpecError
 from kassay.ops.lse_merge import LseMergeParams
-from kassay.v1 import worker_pb2 as pb
 from kassay.validate.results import (
     CaseResult,
     Environment,

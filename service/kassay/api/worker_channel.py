@@ -22,8 +22,8 @@ from typing import Any
 
 import grpc
 
+from kassay.contract.loopback import is_loopback
 from kassay.settings import Settings
-from kassay.worker.access import is_loopback
 
 log = logging.getLogger("kassay.api.dispatcher")
 

@@ -16,7 +16,6 @@ that an unauthenticated worker listens on loopback only.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import grpc
 from grpc_status import rpc_status
 
+from kassay.contract.loopback import is_loopback
 from kassay.errors import AuthError
 from kassay.worker.interceptor import SERVICE_PREFIX, rich_status
 
@@ -33,21 +33,6 @@ GUARDED_PREFIXES = (
     "/grpc.reflection.v1alpha.ServerReflection/",
     "/grpc.reflection.v1.ServerReflection/",
 )
-
-
-def is_loopback(listen: str) -> bool:
-    """Whether a listen address (HOST:PORT, [V6]:PORT, unix:PATH) is reachable from this host
-    only. Names other than `localhost` count as reachable from elsewhere."""
-    if listen.startswith(("unix:", "unix-abstract:")):
-        return True  # a socket file: guarded by its permissions
-    host = listen.rsplit(":", 1)[0] if ":" in listen else listen
-    host = host.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def exposure_problem(

@@ -36,7 +36,10 @@ from grpc_health.v1.health import aio as health_aio
 from grpc_reflection.v1alpha import reflection
 
 from kassay import __version__
-from kassay import wire as convert
+from kassay.contract import keepalive
+from kassay.contract import wire as convert
+from kassay.contract.v1 import worker_pb2 as pb
+from kassay.contract.v1 import worker_pb2_grpc
 from kassay.errors import (
     ConflictError,
     InvalidSpecError,
@@ -44,11 +47,8 @@ from kassay.errors import (
     UnknownImplError,
     WorkerUnavailableError,
 )
-from kassay.v1 import worker_pb2 as pb
-from kassay.v1 import worker_pb2_grpc
 from kassay.validate.results import CaseResult
 from kassay.validate.spec import CONVERGENCE_REGIME, MAX_ARTIFACTS, GroupSpec
-from kassay.worker import keepalive
 from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor
@@ -90,7 +90,7 @@ class WorkerConfig:
     sandbox: SandboxConfig | None = None
     #: HOST:PORT of the Prometheus /metrics endpoint (None: none)
     metrics_listen: str | None = None
-    #: the API's ping interval (kassay.worker.keepalive): pings that often are accepted
+    #: the API's ping interval (kassay.contract.keepalive): pings that often are accepted
     keepalive_s: float = keepalive.DEFAULT_INTERVAL_S
 
 

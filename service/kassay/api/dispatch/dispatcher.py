@@ -39,8 +39,8 @@ from kassay.api.metrics import ApiMetrics
 from kassay.api.notify import JobNotifier
 from kassay.api.store import Store
 from kassay.api.worker_discovery import Resolver, WorkerDirectory
+from kassay.contract import keepalive
 from kassay.settings import Settings
-from kassay.worker import keepalive
 
 log = logging.getLogger("kassay.api.dispatcher")
 
@@ -110,7 +110,7 @@ class Dispatcher:
     def _open(self, link: WorkerLink) -> None:
         """The link's channel and its worker loop."""
         from kassay.api.worker_channel import open_channel
-        from kassay.v1 import worker_pb2_grpc
+        from kassay.contract.v1 import worker_pb2_grpc
 
         link.channel = open_channel(
             link.address,

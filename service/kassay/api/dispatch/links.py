@@ -142,7 +142,7 @@ class Workers:
 
 async def describe(link: WorkerLink, *, enable_mutants: bool) -> bool:
     """Refresh what the worker offers; False (and the link down) when it does not answer."""
-    from kassay.v1 import worker_pb2 as pb
+    from kassay.contract.v1 import worker_pb2 as pb
 
     try:
         resp = await link.stub.Describe(pb.DescribeRequest(), timeout=5.0)
@@ -171,13 +171,13 @@ async def describe(link: WorkerLink, *, enable_mutants: bool) -> bool:
         link.ops[op_name].append(i.name)
         link.impl_kinds.setdefault(op_name, {})[i.name] = i.kind
     if resp.HasField("sandbox"):
-        from kassay.wire import read
+        from kassay.contract.wire import read
 
         link.sandbox = read(resp.sandbox)
     else:
         link.sandbox = None
     if resp.HasField("environment"):
-        from kassay.wire import environment_from_proto
+        from kassay.contract.wire import environment_from_proto
 
         with contextlib.suppress(Exception):
             link.environment = environment_from_proto(resp.environment).model_dump(mode="json")

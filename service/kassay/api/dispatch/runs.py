@@ -63,8 +63,8 @@ class Runs:
     async def run(self, link: WorkerLink, claims: list[Claim]) -> None:
         """Run some groups of one job in one Run call; each group is settled as soon as the
         worker reports it done, the rest by how the stream ended."""
-        from kassay.v1 import worker_pb2 as pb
-        from kassay.wire import group_to_proto
+        from kassay.contract.v1 import worker_pb2 as pb
+        from kassay.contract.wire import group_to_proto
 
         job_id = claims[0].job_id
         first = claims[0]
@@ -174,7 +174,7 @@ class Runs:
 
     async def send_artifacts(self, link: WorkerLink, digests: list[str]) -> None:
         """Make sure the worker holds these artifacts: send those it lacks, in chunks."""
-        from kassay.v1 import worker_pb2 as pb
+        from kassay.contract.v1 import worker_pb2 as pb
 
         status = await link.stub.ArtifactStatus(
             pb.ArtifactStatusRequest(digests=digests), timeout=30.0
@@ -193,7 +193,7 @@ class Runs:
             log.info("artifact %s (%d bytes) -> %s", digest[:12], info.size, link.address)
 
     async def store_result(self, job_id: str, msg: Any) -> None:
-        from kassay.wire import result_from_proto
+        from kassay.contract.wire import result_from_proto
 
         result = result_from_proto(msg)
         seq = await asyncio.to_thread(self.store.results.record_result, job_id, result)
@@ -246,7 +246,7 @@ class Runs:
 
     async def cancel(self, links: list[WorkerLink], keys: list[tuple[str, str]]) -> None:
         """Stop the runs of cancelled groups: tell their workers, then drop the streams."""
-        from kassay.v1 import worker_pb2 as pb
+        from kassay.contract.v1 import worker_pb2 as pb
 
         wanted = set(keys)
         for link in links:

@@ -25,8 +25,8 @@ from typing import Any
 from google.protobuf.message import Message
 from pydantic import BaseModel, ValidationError
 
+from kassay.contract.v1 import worker_pb2 as pb
 from kassay.errors import InvalidSpecError
-from kassay.v1 import worker_pb2 as pb
 from kassay.validate.results import CaseResult, Environment
 from kassay.validate.spec import GroupSpec, TimingPolicy, TolerancePolicy, spec_error
 

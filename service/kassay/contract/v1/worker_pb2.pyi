@@ -18,7 +18,7 @@ Errors: a bad request fails with INVALID_ARGUMENT (RESOURCE_EXHAUSTED, UNAVAILAB
 google.rpc.Status details: an ErrorInfo (domain "kassay.dev", reason the error class, metadata)
 and, for validation errors, a BadRequest naming each field.
 
-Regenerate the Python stubs with `make protos` (python -m kassay.worker.protogen).
+Regenerate the Python stubs with `make protos` (python -m kassay.contract.protogen).
 """
 
 from collections import abc as _abc

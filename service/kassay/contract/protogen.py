@@ -1,12 +1,12 @@
-"""Regenerate the checked-in gRPC stubs from protos/kassay/v1/*.proto.
+"""Regenerate the checked-in gRPC stubs from protos/kassay/contract/v1/*.proto.
 
-    python -m kassay.worker.protogen            # write service/kassay/v1/
-    python -m kassay.worker.protogen --check    # exit 1 if the checked-in stubs are stale
+    python -m kassay.contract.protogen            # write service/kassay/contract/v1/
+    python -m kassay.contract.protogen --check    # exit 1 if the checked-in stubs are stale
 
 The stubs are generated with grpcio-tools (pinned in the dev extra: GPU hosts run grpcio of the
 same minor, and newer tools emit code that refuses older runtimes) and mypy-protobuf for typed
-.pyi files. protoc is run with `-I protos`, so the generated imports read `from kassay.v1 import
-worker_pb2`, which resolves because service/ is the source root.
+.pyi files. protoc is run with `-I protos`, so the generated imports read
+`from kassay.contract.v1 import worker_pb2`, which resolves because service/ is the source root.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 PROTO_ROOT = REPO_ROOT / "protos"
-STUB_DIR = REPO_ROOT / "service" / "kassay" / "v1"
-PACKAGE = Path("kassay") / "v1"
+STUB_DIR = REPO_ROOT / "service" / "kassay" / "contract" / "v1"
+PACKAGE = Path("kassay") / "contract" / "v1"
 GRPC_TOOLS_VERSION = "1.84.2"
 
-INIT_TEXT = '''"""Generated protobuf/gRPC stubs of the kassay.v1 worker contract (protos/kassay/v1/).
+INIT_TEXT = '''"""Generated protobuf/gRPC stubs of the kassay.v1 worker contract
+(protos/kassay/contract/v1/; the proto package, and so the gRPC service names, stay kassay.v1).
 
-Never edit by hand: run `make protos` (python -m kassay.worker.protogen).
+Never edit by hand: run `make protos` (python -m kassay.contract.protogen).
 """
 '''
 
@@ -67,7 +68,7 @@ def proto_files() -> list[Path]:
 
 
 def generate(out_root: Path) -> Path:
-    """Generate every stub into out_root/kassay/v1/ and return that directory."""
+    """Generate every stub into out_root/kassay/contract/v1/ and return that directory."""
     _check_tools()
     from importlib.resources import files
 
@@ -146,7 +147,7 @@ def check() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m kassay.worker.protogen", description="regenerate the kassay.v1 gRPC stubs"
+        prog="python -m kassay.contract.protogen", description="regenerate the kassay.v1 gRPC stubs"
     )
     parser.add_argument(
         "--check",

@@ -18,12 +18,12 @@ Errors: a bad request fails with INVALID_ARGUMENT (RESOURCE_EXHAUSTED, UNAVAILAB
 google.rpc.Status details: an ErrorInfo (domain "kassay.dev", reason the error class, metadata)
 and, for validation errors, a BadRequest naming each field.
 
-Regenerate the Python stubs with `make protos` (python -m kassay.worker.protogen).
+Regenerate the Python stubs with `make protos` (python -m kassay.contract.protogen).
 """
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from kassay.v1 import worker_pb2 as _worker_pb2
+from kassay.contract.v1 import worker_pb2 as _worker_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

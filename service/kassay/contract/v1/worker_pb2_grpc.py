@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from kassay.v1 import worker_pb2 as kassay_dot_v1_dot_worker__pb2
+from kassay.contract.v1 import worker_pb2 as kassay_dot_contract_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.84.2'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in kassay/v1/worker_pb2_grpc.py depends on'
+        + ' but the generated code in kassay/contract/v1/worker_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -37,28 +37,28 @@ class WorkerStub:
         """
         self.Describe = channel.unary_unary(
                 '/kassay.v1.Worker/Describe',
-                request_serializer=kassay_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
-                response_deserializer=kassay_dot_v1_dot_worker__pb2.DescribeResponse.FromString,
+                request_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.DescribeResponse.FromString,
                 _registered_method=True)
         self.Run = channel.unary_stream(
                 '/kassay.v1.Worker/Run',
-                request_serializer=kassay_dot_v1_dot_worker__pb2.RunRequest.SerializeToString,
-                response_deserializer=kassay_dot_v1_dot_worker__pb2.CaseEvent.FromString,
+                request_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.RunRequest.SerializeToString,
+                response_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.CaseEvent.FromString,
                 _registered_method=True)
         self.Cancel = channel.unary_unary(
                 '/kassay.v1.Worker/Cancel',
-                request_serializer=kassay_dot_v1_dot_worker__pb2.CancelRequest.SerializeToString,
-                response_deserializer=kassay_dot_v1_dot_worker__pb2.CancelResponse.FromString,
+                request_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.CancelRequest.SerializeToString,
+                response_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.CancelResponse.FromString,
                 _registered_method=True)
         self.ArtifactStatus = channel.unary_unary(
                 '/kassay.v1.Worker/ArtifactStatus',
-                request_serializer=kassay_dot_v1_dot_worker__pb2.ArtifactStatusRequest.SerializeToString,
-                response_deserializer=kassay_dot_v1_dot_worker__pb2.ArtifactStatusResponse.FromString,
+                request_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactStatusRequest.SerializeToString,
+                response_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactStatusResponse.FromString,
                 _registered_method=True)
         self.PutArtifact = channel.stream_unary(
                 '/kassay.v1.Worker/PutArtifact',
-                request_serializer=kassay_dot_v1_dot_worker__pb2.ArtifactChunk.SerializeToString,
-                response_deserializer=kassay_dot_v1_dot_worker__pb2.ArtifactInfo.FromString,
+                request_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactChunk.SerializeToString,
+                response_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactInfo.FromString,
                 _registered_method=True)
 
 
@@ -112,28 +112,28 @@ def add_WorkerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=kassay_dot_v1_dot_worker__pb2.DescribeRequest.FromString,
-                    response_serializer=kassay_dot_v1_dot_worker__pb2.DescribeResponse.SerializeToString,
+                    request_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.DescribeRequest.FromString,
+                    response_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.DescribeResponse.SerializeToString,
             ),
             'Run': grpc.unary_stream_rpc_method_handler(
                     servicer.Run,
-                    request_deserializer=kassay_dot_v1_dot_worker__pb2.RunRequest.FromString,
-                    response_serializer=kassay_dot_v1_dot_worker__pb2.CaseEvent.SerializeToString,
+                    request_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.RunRequest.FromString,
+                    response_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.CaseEvent.SerializeToString,
             ),
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
-                    request_deserializer=kassay_dot_v1_dot_worker__pb2.CancelRequest.FromString,
-                    response_serializer=kassay_dot_v1_dot_worker__pb2.CancelResponse.SerializeToString,
+                    request_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.CancelRequest.FromString,
+                    response_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.CancelResponse.SerializeToString,
             ),
             'ArtifactStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.ArtifactStatus,
-                    request_deserializer=kassay_dot_v1_dot_worker__pb2.ArtifactStatusRequest.FromString,
-                    response_serializer=kassay_dot_v1_dot_worker__pb2.ArtifactStatusResponse.SerializeToString,
+                    request_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactStatusRequest.FromString,
+                    response_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactStatusResponse.SerializeToString,
             ),
             'PutArtifact': grpc.stream_unary_rpc_method_handler(
                     servicer.PutArtifact,
-                    request_deserializer=kassay_dot_v1_dot_worker__pb2.ArtifactChunk.FromString,
-                    response_serializer=kassay_dot_v1_dot_worker__pb2.ArtifactInfo.SerializeToString,
+                    request_deserializer=kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactChunk.FromString,
+                    response_serializer=kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -162,8 +162,8 @@ class Worker:
             request,
             target,
             '/kassay.v1.Worker/Describe',
-            kassay_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
-            kassay_dot_v1_dot_worker__pb2.DescribeResponse.FromString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.DescribeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -189,8 +189,8 @@ class Worker:
             request,
             target,
             '/kassay.v1.Worker/Run',
-            kassay_dot_v1_dot_worker__pb2.RunRequest.SerializeToString,
-            kassay_dot_v1_dot_worker__pb2.CaseEvent.FromString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.RunRequest.SerializeToString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.CaseEvent.FromString,
             options,
             channel_credentials,
             insecure,
@@ -216,8 +216,8 @@ class Worker:
             request,
             target,
             '/kassay.v1.Worker/Cancel',
-            kassay_dot_v1_dot_worker__pb2.CancelRequest.SerializeToString,
-            kassay_dot_v1_dot_worker__pb2.CancelResponse.FromString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.CancelRequest.SerializeToString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.CancelResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -243,8 +243,8 @@ class Worker:
             request,
             target,
             '/kassay.v1.Worker/ArtifactStatus',
-            kassay_dot_v1_dot_worker__pb2.ArtifactStatusRequest.SerializeToString,
-            kassay_dot_v1_dot_worker__pb2.ArtifactStatusResponse.FromString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactStatusRequest.SerializeToString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactStatusResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -270,8 +270,8 @@ class Worker:
             request_iterator,
             target,
             '/kassay.v1.Worker/PutArtifact',
-            kassay_dot_v1_dot_worker__pb2.ArtifactChunk.SerializeToString,
-            kassay_dot_v1_dot_worker__pb2.ArtifactInfo.FromString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactChunk.SerializeToString,
+            kassay_dot_contract_dot_v1_dot_worker__pb2.ArtifactInfo.FromString,
             options,
             channel_credentials,
             insecure,

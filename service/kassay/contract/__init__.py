@@ -1,0 +1,13 @@
+"""The ground floor: what crosses process boundaries, shared by every process and importing no
+torch.
+
+  v1/          the generated protobuf/gRPC stubs of the worker contract (protos/kassay/contract/
+               v1/worker.proto; `make protos` regenerates them, `protogen.py`)
+  wire.py      the one pydantic <-> protobuf codec of that contract (GroupSpec, CaseResult, ...)
+  keepalive.py the HTTP/2 keepalive policy both ends of an API -> worker channel set
+  loopback.py  whether an address stays on this host (both ends' clear-text rules)
+
+The API and the worker meet only here: the API imports no worker module (the import-graph
+test). The pydantic models `wire` encodes (kassay.validate.spec, kassay.validate.results) are
+still a floor above; moving them down is #43's next step.
+"""
