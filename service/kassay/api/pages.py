@@ -13,6 +13,7 @@ from kassay.api.auth import SESSION_COOKIE, may_read, reads_locked
 from kassay.errors import AuthError
 from kassay.reports.text import e
 from kassay.static import CHART_JS
+from kassay.validate.results import STATUSES
 
 
 def login_redirect(request: Request) -> RedirectResponse | None:
@@ -67,7 +68,9 @@ def page(
         "<!doctype html><html lang='en'><head><meta charset='utf-8'>"
         f"<title>{e(title)} · kassay</title><meta name='viewport' content='width=device-width'>"
         "<link rel='icon' href='data:,'>"
-        f"<link rel='stylesheet' href='/static/kassay.css'>{tags}</head><body>"
+        f"<link rel='stylesheet' href='/static/kassay.css'>{tags}</head>"
+        # the case statuses, for live.js to count (one list: kassay.validate.results)
+        f"<body data-statuses='{' '.join(STATUSES)}'>"
         f"{_nav(request)}<main{main_attrs}>{body}</main></body></html>",
         status_code=status_code,
     )

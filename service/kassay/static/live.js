@@ -6,14 +6,16 @@
 (function () {
   "use strict";
   var STREAMS = 4, POLL_MS = 3000, REFRESH_MS = 2000;
-  var COUNTED = ["passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped"];
+  // the case statuses the page counts: the server's one list, on <body data-statuses> (read
+  // when needed: this script runs from <head>, before <body> exists)
+  function counted() { return (document.body.dataset.statuses || "").split(" ").filter(Boolean); }
 
   function setCount(root, key, value) {
     root.querySelectorAll('[data-count="' + key + '"]').forEach(function (el) { el.textContent = String(value); });
   }
   function show(root, job) {
     var p = job.progress;
-    COUNTED.forEach(function (k) { setCount(root, k, p[k]); });
+    counted().forEach(function (k) { setCount(root, k, p[k]); });
     setCount(root, "pending", p.total - p.done);
     setCount(root, "total", p.total);
     root.querySelectorAll("[data-done]").forEach(function (el) { el.textContent = p.done + "/" + p.total; });
@@ -27,7 +29,7 @@
   }
   function snapshot(root) {
     var job = { state: root.dataset.jobState, ok: null, progress: { done: Number(root.dataset.jobDone), total: Number(root.dataset.jobTotal) } };
-    COUNTED.forEach(function (k) {
+    counted().forEach(function (k) {
       var el = root.querySelector('[data-count="' + k + '"]');
       job.progress[k] = el ? Number(el.textContent) : 0;
     });
