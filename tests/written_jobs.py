@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kassay.contract.results import Environment, MemoryStats, OutputMetrics
 from kassay.validate.case_result import case_result
-from kassay.validate.results import Environment, MemoryStats, OutputMetrics
 from kassay.validate.timing import stats
 
 H200 = Environment(

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from users import user_env
 
-from kassay.validate.results import Report
+from kassay.contract.results import Report
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,8 @@ import pytest
 
 from kassay.api.store import JOB_STATES, Store, body_hash
 from kassay.api.store.migrate import upgrade
+from kassay.contract.results import CaseResult
 from kassay.errors import ConflictError
-from kassay.validate.results import CaseResult
 from kassay.validate.spec import expand, parse_spec
 
 SPEC = {

@@ -3,10 +3,10 @@ vary, why coverage added a point; unique within the report; used by every format
 
 from __future__ import annotations
 
+from kassay.contract.names import short_names
+from kassay.contract.results import CaseResult, Report, Summary, named
 from kassay.reports.junit import to_junit
 from kassay.reports.markdown import to_markdown
-from kassay.validate.names import short_names
-from kassay.validate.results import CaseResult, Report, Summary, named
 
 
 def _case(

@@ -9,6 +9,15 @@ import statistics
 
 import pytest
 
+from kassay.contract.results import (
+    CaseResult,
+    Environment,
+    MemoryStats,
+    OutputMetrics,
+    Report,
+    Summary,
+    TimingStats,
+)
 from kassay.errors import IncomparableError
 from kassay.reports.comparison_markdown import to_markdown
 from kassay.validate.compare import (
@@ -19,15 +28,6 @@ from kassay.validate.compare import (
     speed_change,
 )
 from kassay.validate.median_ratio import Run, median_ratio, paired_run, t_quantile
-from kassay.validate.results import (
-    CaseResult,
-    Environment,
-    MemoryStats,
-    OutputMetrics,
-    Report,
-    Summary,
-    TimingStats,
-)
 from kassay.validate.timing import stats
 
 H200 = Environment(

@@ -125,9 +125,9 @@ def test_what_the_model_cannot_train_with_is_refused_saying_why(suite: dict, why
 
 def test_convergence_groups_and_results_cross_the_wire() -> None:
     from kassay.contract import wire
+    from kassay.contract.results import ConvergenceResult
     from kassay.contract.v1 import worker_pb2 as pb
     from kassay.validate.case_result import case_result
-    from kassay.validate.results import ConvergenceResult
 
     (g,) = expand(parse_spec(_spec()))
     back = wire.group_from_proto(

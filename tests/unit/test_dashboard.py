@@ -17,10 +17,7 @@ from written_jobs import H200, SPEC, finished_job
 from kassay.api.app import create_app
 from kassay.api.auth import SESSION_COOKIE, LoginThrottle, session_cookie, valid_session
 from kassay.api.openapi_extras import JOB_SPEC_EXAMPLE, report_example
-from kassay.reports.cases import failed_limits, worst_output
-from kassay.reports.html import case_detail, to_html, varying
-from kassay.settings import Settings
-from kassay.validate.results import (
+from kassay.contract.results import (
     CaseResult,
     MemoryStats,
     OutputMetrics,
@@ -28,6 +25,9 @@ from kassay.validate.results import (
     Summary,
     WorstEntry,
 )
+from kassay.reports.cases import failed_limits, worst_output
+from kassay.reports.html import case_detail, to_html, varying
+from kassay.settings import Settings
 from kassay.validate.spec import JobSpec
 from kassay.validate.timing import stats
 

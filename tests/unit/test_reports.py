@@ -9,8 +9,8 @@ import jsonschema
 import pytest
 
 from kassay import reports
+from kassay.contract.results import CaseResult, Report
 from kassay.validate.local import run_job
-from kassay.validate.results import CaseResult, Report
 from kassay.validate.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +79,7 @@ def _torch_case(**fields: Any) -> CaseResult:
 
 
 def test_flags_and_coverage_marks_reach_every_format() -> None:
-    from kassay.validate.results import Summary
+    from kassay.contract.results import Summary
 
     cases = [
         _torch_case(
@@ -108,7 +108,7 @@ def test_flags_and_coverage_marks_reach_every_format() -> None:
 
 
 def test_an_explained_baseline_says_so_with_its_numbers_in_every_format() -> None:
-    from kassay.validate.results import Summary
+    from kassay.contract.results import Summary
 
     note = (
         "grad_weight: baseline explained by its precision: rel_l2 0.0142 against the exact "

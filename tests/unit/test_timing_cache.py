@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from kassay import reports
+from kassay.contract.results import Report, Summary
 from kassay.validate.engine import run_group
 from kassay.validate.reference_cache import ReferenceCache
-from kassay.validate.results import Report, Summary
 from kassay.validate.spec import GroupSpec, TimingPolicy
 from kassay.validate.timing import _batch_size, time_call
 

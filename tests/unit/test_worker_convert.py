@@ -12,10 +12,7 @@ import pytest
 pytest.importorskip("grpc")
 
 from kassay.contract import wire as convert
-from kassay.contract.v1 import worker_pb2 as pb
-from kassay.errors import InvalidSpecError
-from kassay.ops.lse_merge import LseMergeParams
-from kassay.validate.results import (
+from kassay.contract.results import (
     CaseResult,
     Environment,
     MemoryStats,
@@ -23,6 +20,9 @@ from kassay.validate.results import (
     TimingStats,
     WorstEntry,
 )
+from kassay.contract.v1 import worker_pb2 as pb
+from kassay.errors import InvalidSpecError
+from kassay.ops.lse_merge import LseMergeParams
 from kassay.validate.spec import GroupSpec, TimingPolicy, TolerancePolicy, expand, parse_spec
 
 

@@ -7,7 +7,7 @@ from fake_nvml import FakeNvml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kassay.validate.results import CaseResult
+from kassay.contract.results import CaseResult
 from kassay.worker.metrics import WorkerMetrics
 
 

@@ -16,10 +16,10 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 
 from kassay.api.store import ACTIVE_STATES, JobRecord, Store
+from kassay.contract.comparison import Comparison
+from kassay.contract.results import Report
 from kassay.errors import IncomparableError, InvalidSpecError, NotFoundError
 from kassay.validate.compare import compare_reports, job_device_kinds
-from kassay.validate.comparison import Comparison
-from kassay.validate.results import Report
 
 
 @dataclass(frozen=True)

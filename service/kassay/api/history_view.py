@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kassay.contract.comparison import DEFAULT_THRESHOLD
+from kassay.contract.results import BAD_STATUSES, CaseResult, Report
 from kassay.validate.compare import (
     accuracy_changes,
     case_key,
@@ -17,9 +19,7 @@ from kassay.validate.compare import (
     speed_change,
     status_change,
 )
-from kassay.validate.comparison import DEFAULT_THRESHOLD
 from kassay.validate.median_ratio import DEFAULT_CONFIDENCE
-from kassay.validate.results import BAD_STATUSES, CaseResult, Report
 
 #: the tolerance factor of suites that set none (kassay.validate.spec's default)
 DEFAULT_FACTOR = 2.0

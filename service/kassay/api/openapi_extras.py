@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kassay.validate.results import (
+from kassay.contract.results import (
     CaseResult,
     Environment,
     MemoryStats,

@@ -10,10 +10,10 @@ from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
 
 from kassay.api.auth import SESSION_COOKIE, may_read, reads_locked
+from kassay.contract.results import STATUSES
 from kassay.errors import AuthError
 from kassay.reports.text import e
 from kassay.static import CHART_JS
-from kassay.validate.results import STATUSES
 
 
 def login_redirect(request: Request) -> RedirectResponse | None:
@@ -69,7 +69,7 @@ def page(
         f"<title>{e(title)} · kassay</title><meta name='viewport' content='width=device-width'>"
         "<link rel='icon' href='data:,'>"
         f"<link rel='stylesheet' href='/static/kassay.css'>{tags}</head>"
-        # the case statuses, for live.js to count (one list: kassay.validate.results)
+        # the case statuses, for live.js to count (one list: kassay.contract.results)
         f"<body data-statuses='{' '.join(STATUSES)}'>"
         f"{_nav(request)}<main{main_attrs}>{body}</main></body></html>",
         status_code=status_code,

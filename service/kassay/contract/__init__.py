@@ -3,11 +3,15 @@ torch.
 
   v1/          the generated protobuf/gRPC stubs of the worker contract (protos/kassay/contract/
                v1/worker.proto; `make protos` regenerates them, `protogen.py`)
+  results.py   what a case and a job come to: Status, CaseResult, Summary, Report (the
+               `kassay.report/v1` JSON schema), and the statuses' one list
+  comparison.py  a job against another: Comparison, its entries and verdicts
+  names.py     a case's short name within its report
   wire.py      the one pydantic <-> protobuf codec of that contract (GroupSpec, CaseResult, ...)
   keepalive.py the HTTP/2 keepalive policy both ends of an API -> worker channel set
   loopback.py  whether an address stays on this host (both ends' clear-text rules)
 
 The API and the worker meet only here: the API imports no worker module (the import-graph
-test). The pydantic models `wire` encodes (kassay.validate.spec, kassay.validate.results) are
+test). The pydantic models `wire` encodes (kassay.validate.spec, kassay.contract.results) are
 still a floor above; moving them down is #43's next step.
 """

@@ -25,9 +25,9 @@ from typing import Any
 from google.protobuf.message import Message
 from pydantic import BaseModel, ValidationError
 
+from kassay.contract.results import CaseResult, Environment
 from kassay.contract.v1 import worker_pb2 as pb
 from kassay.errors import InvalidSpecError
-from kassay.validate.results import CaseResult, Environment
 from kassay.validate.spec import GroupSpec, TimingPolicy, TolerancePolicy, spec_error
 
 Loc = tuple[str | int, ...]

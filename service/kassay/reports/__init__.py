@@ -17,10 +17,10 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kassay.contract.results import Report
 from kassay.reports.html import to_html
 from kassay.reports.junit import to_junit
 from kassay.reports.markdown import to_markdown
-from kassay.validate.results import Report
 
 
 @dataclass(frozen=True)

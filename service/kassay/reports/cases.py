@@ -3,9 +3,9 @@ how much, its worst output, its timing in a cell, the job's headline verdict."""
 
 from __future__ import annotations
 
+from kassay.contract.results import CaseResult, OutputMetrics, Report, Summary
 from kassay.reports.text import md as _md
 from kassay.reports.text import num
-from kassay.validate.results import CaseResult, OutputMetrics, Report, Summary
 
 
 def status_text(c: CaseResult) -> str:

@@ -3,8 +3,8 @@ what JUnit gets (a regression is a failed testcase with the numbers in its messa
 
 from __future__ import annotations
 
+from kassay.contract.comparison import CaseComparison, Comparison
 from kassay.reports.text import md as _md
-from kassay.validate.comparison import CaseComparison, Comparison
 
 MAX_ROWS = 50
 
@@ -34,7 +34,7 @@ def junit_message(e: CaseComparison) -> str:
 
 
 def to_markdown(c: Comparison, *, heading: str = "##", names: dict[str, str] | None = None) -> str:
-    """The comparison as Markdown; `names`: case_id -> short name (kassay.validate.names) of
+    """The comparison as Markdown; `names`: case_id -> short name (kassay.contract.names) of
     this job's cases, used where one is known instead of the full params."""
     s = c.summary
     icon = "❌" if c.regression else "✅"

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from html import escape as e
 
-from kassay.validate.results import CaseResult, ConvergenceResult, Report
+from kassay.contract.results import CaseResult, ConvergenceResult, Report
 from kassay.validate.spec import CONVERGENCE_REGIME
 
 WHAT_IT_SEES = (

@@ -18,11 +18,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from kassay.reports import convergence
-from kassay.reports.cases import failed_limits
-from kassay.reports.comparison_html import comparison_html
-from kassay.reports.text import _finite, e, json_for_script, num
-from kassay.validate.results import (
+from kassay.contract.results import (
     BAD_STATUSES,
     NOT_JUDGED,
     STATUSES,
@@ -30,6 +26,10 @@ from kassay.validate.results import (
     OutputMetrics,
     Report,
 )
+from kassay.reports import convergence
+from kassay.reports.cases import failed_limits
+from kassay.reports.comparison_html import comparison_html
+from kassay.reports.text import _finite, e, json_for_script, num
 
 #: table order: failures first, then what ran, then what did not
 STATUS_RANK = {s: i for i, s in enumerate((*BAD_STATUSES, "passed", *NOT_JUDGED))}

@@ -7,9 +7,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 
+from kassay.contract.results import NOT_JUDGED, CaseResult, Report
 from kassay.reports.cases import worst_output_lines
 from kassay.reports.comparison_markdown import junit_message, regressions_by_case
-from kassay.validate.results import NOT_JUDGED, CaseResult, Report
 
 
 def to_junit(report: Report) -> str:

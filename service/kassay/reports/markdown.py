@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from kassay.contract.results import BAD_STATUSES, CaseResult, Report
 from kassay.reports import convergence
 from kassay.reports.cases import (
     _regressions,
@@ -18,7 +19,6 @@ from kassay.reports.cases import (
 )
 from kassay.reports.comparison_markdown import to_markdown as comparison_markdown
 from kassay.reports.text import md as _md
-from kassay.validate.results import BAD_STATUSES, CaseResult, Report
 
 
 def to_markdown(report: Report) -> str:

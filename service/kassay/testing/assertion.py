@@ -11,10 +11,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kassay.contract.results import NOT_JUDGED, CaseResult
 from kassay.impls.registry import Impl, get_impl, load, scoped
 from kassay.ops import get_op
 from kassay.testing.session import SESSION
-from kassay.validate.results import NOT_JUDGED, CaseResult
 from kassay.validate.spec import (
     DEFAULT_MAX_CASES,
     GroupSpec,

@@ -91,9 +91,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     path = config.getoption("--kassay-report")
     if not path or _CASES_KEY not in config.stash:
         return
+    from kassay.contract.results import Report, Summary, named
     from kassay.reports import render
     from kassay.validate.env import environment, resolve_device
-    from kassay.validate.results import Report, Summary, named
 
     cases = config.stash[_CASES_KEY]
     report = Report(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kassay.validate.results import CaseResult, Status
+from kassay.contract.results import CaseResult, Status
 from kassay.validate.spec import GroupSpec, case_id
 
 

@@ -34,8 +34,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kassay.errors import IncomparableError
-from kassay.validate.comparison import (
+from kassay.contract.comparison import (
     DEFAULT_THRESHOLD,
     CaseComparison,
     Comparison,
@@ -45,20 +44,21 @@ from kassay.validate.comparison import (
     SpeedChange,
     StatusChange,
 )
-from kassay.validate.median_ratio import (
-    DEFAULT_CONFIDENCE,
-    HOST_NORMALISED_JOB_SD,
-    Run,
-    median_ratio,
-    paired_run,
-)
-from kassay.validate.results import (
+from kassay.contract.results import (
     BAD_STATUSES,
     CaseResult,
     Environment,
     OutputMetrics,
     Report,
     TimingStats,
+)
+from kassay.errors import IncomparableError
+from kassay.validate.median_ratio import (
+    DEFAULT_CONFIDENCE,
+    HOST_NORMALISED_JOB_SD,
+    Run,
+    median_ratio,
+    paired_run,
 )
 
 FAILING = frozenset(BAD_STATUSES)

@@ -31,6 +31,14 @@ from typing import Any
 
 import torch
 
+from kassay.contract.results import (
+    CaseResult,
+    Environment,
+    MemoryStats,
+    OutputMetrics,
+    TimingStats,
+    WorstEntry,
+)
 from kassay.impls import Impl, get_impl, load
 from kassay.ops import Op, OutputSpec, get_op
 from kassay.ops.base import CONDITIONING, SCALE_NOISE
@@ -41,14 +49,6 @@ from kassay.validate.env import environment, resolve_device
 from kassay.validate.explained import judge_explained
 from kassay.validate.metrics import RawMetrics, compare, rounding_error
 from kassay.validate.reference_cache import shared_cache
-from kassay.validate.results import (
-    CaseResult,
-    Environment,
-    MemoryStats,
-    OutputMetrics,
-    TimingStats,
-    WorstEntry,
-)
 from kassay.validate.spec import GroupSpec, case_id
 from kassay.validate.timing import time_call
 from kassay.validate.tolerance import Verdict, baseline_usable, judge, tolerances

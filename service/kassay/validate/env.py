@@ -10,8 +10,8 @@ import subprocess
 import torch
 
 from kassay import __version__
+from kassay.contract.results import Environment
 from kassay.validate.ceilings import CEILINGS_METHOD
-from kassay.validate.results import Environment
 
 
 def resolve_device(name: str | torch.device = "auto") -> torch.device:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime, timezone
 
+from kassay.contract.results import CaseResult, Report, Summary, named
 from kassay.errors import InvalidSpecError
 from kassay.validate.case_result import case_result
 from kassay.validate.engine import run_group
 from kassay.validate.env import environment, resolve_device
-from kassay.validate.results import CaseResult, Report, Summary, named
 from kassay.validate.spec import DEFAULT_MAX_CASES, JobSpec, expand, local_impl_check
 
 

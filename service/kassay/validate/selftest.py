@@ -20,12 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from kassay.contract.results import BAD_STATUSES, NOT_JUDGED, CaseResult
 from kassay.impls import get_impl, list_impls, load
 from kassay.ops import all_ops, get_op
 from kassay.ops.probes import CORRECT, Probe
 from kassay.validate.engine import run_group
 from kassay.validate.env import resolve_device
-from kassay.validate.results import BAD_STATUSES, NOT_JUDGED, CaseResult
 from kassay.validate.spec import (
     GroupSpec,
     JobSpec,

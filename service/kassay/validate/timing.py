@@ -47,10 +47,10 @@ from typing import Any
 
 import torch
 
+from kassay.contract.results import TimingStats
 from kassay.validate.cpu_pressure import PressureWindow
 from kassay.validate.gpu_state import GpuSampler
 from kassay.validate.host_calibration import host_calibration
-from kassay.validate.results import TimingStats
 from kassay.validate.spec import TimingPolicy
 
 _flush_buffers: dict[torch.device, torch.Tensor] = {}

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kassay.contract.results import CaseResult, Environment, Status
 from kassay.validate.case_result import case_result
-from kassay.validate.results import CaseResult, Environment, Status
 from kassay.validate.spec import GroupSpec, case_id
 from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError, describe_exit
 from kassay.worker.runner_leases import GroupRefused, RunnerLeases

@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kassay.validate.results import CaseResult
+from kassay.contract.results import CaseResult
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from kassay.contract.results import Environment
 from kassay.errors import ConflictError, WorkerUnavailableError
-from kassay.validate.results import Environment
 from kassay.validate.spec import GroupSpec
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.executor_process import (

@@ -11,7 +11,7 @@ from kassay.api.auth import require_read
 from kassay.api.deps import Services, services
 from kassay.api.route_common import ERROR_RESPONSES, label_filters
 from kassay.api.schemas import Series, SeriesPoint
-from kassay.validate.results import CaseResult
+from kassay.contract.results import CaseResult
 
 router = APIRouter(tags=["history"])
 

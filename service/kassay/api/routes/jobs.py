@@ -22,8 +22,8 @@ from kassay.api.route_common import ERROR_RESPONSES, label_filters, read_body
 from kassay.api.schemas import Job, JobPage
 from kassay.api.store import ACTIVE_STATES
 from kassay.api.submit import admit
+from kassay.contract.comparison import Comparison
 from kassay.errors import InvalidSpecError, KassayError
-from kassay.validate.comparison import Comparison
 from kassay.validate.spec import NO_CONTROL
 
 _COALESCE_S = 0.02  # how long an SSE stream lets results gather after a wake-up

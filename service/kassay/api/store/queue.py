@@ -26,7 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from kassay.api.store.jobs import ACTIVE_STATES, JobRecord, Jobs
 from kassay.api.store.results import Results
 from kassay.api.store.tables import cases, groups, jobs
-from kassay.validate.results import Status
+from kassay.contract.results import Status
 from kassay.validate.spec import GroupSpec
 
 #: how many pending groups a claim looks through for one its worker can run

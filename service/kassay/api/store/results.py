@@ -13,8 +13,8 @@ from sqlalchemy import Connection, Engine, and_, bindparam, select, text, update
 from kassay.api.store.history import index_results
 from kassay.api.store.jobs import Jobs
 from kassay.api.store.tables import cases, groups, jobs
+from kassay.contract.results import CaseResult, Environment, Report, Status, Summary, named
 from kassay.validate.case_result import case_result
-from kassay.validate.results import CaseResult, Environment, Report, Status, Summary, named
 from kassay.validate.spec import GroupSpec
 
 

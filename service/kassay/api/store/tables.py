@@ -29,7 +29,7 @@ from sqlalchemy import (
     Text,
 )
 
-from kassay.validate.results import STATUSES
+from kassay.contract.results import STATUSES
 
 metadata = MetaData()
 

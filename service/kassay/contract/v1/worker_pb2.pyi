@@ -7,7 +7,7 @@ A worker owns one device and one executor subprocess on it. The API sends it inp
 (GroupSpec: one op, params, regime and seed; several impls sharing inputs and the float64
 reference) and the worker streams back one CaseStarted and one CaseResult per case, then one
 GroupDone per group. Messages mirror the pydantic models of kassay.validate.spec and
-kassay.validate.results field for field; kassay.worker.convert converts both ways.
+kassay.contract.results field for field; kassay.contract.wire converts both ways.
 
 Presence: fields marked `optional` are absent when the pydantic value is None (or, in params
 and policies, when the client leaves them out: the pydantic default then applies).
@@ -314,7 +314,7 @@ Global___GroupSpec: _TypeAlias = GroupSpec  # noqa: Y015
 class WorstEntry(_message.Message):
     """----------------------------------------------------------------------------------- results
 
-    kassay.validate.results.WorstEntry: one of the worst elements of an output.
+    kassay.contract.results.WorstEntry: one of the worst elements of an output.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -346,7 +346,7 @@ Global___WorstEntry: _TypeAlias = WorstEntry  # noqa: Y015
 
 @_typing.final
 class OutputMetrics(_message.Message):
-    """kassay.validate.results.OutputMetrics: errors of one output against the float64 reference."""
+    """kassay.contract.results.OutputMetrics: errors of one output against the float64 reference."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -472,7 +472,7 @@ Global___OutputMetrics: _TypeAlias = OutputMetrics  # noqa: Y015
 
 @_typing.final
 class TimingStats(_message.Message):
-    """kassay.validate.results.TimingStats."""
+    """kassay.contract.results.TimingStats."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -629,7 +629,7 @@ Global___TimingStats: _TypeAlias = TimingStats  # noqa: Y015
 
 @_typing.final
 class MemoryStats(_message.Message):
-    """kassay.validate.results.MemoryStats."""
+    """kassay.contract.results.MemoryStats."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -669,7 +669,7 @@ Global___MemoryStats: _TypeAlias = MemoryStats  # noqa: Y015
 
 @_typing.final
 class Environment(_message.Message):
-    """kassay.validate.results.Environment: where a result was measured."""
+    """kassay.contract.results.Environment: where a result was measured."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -799,7 +799,7 @@ Global___Environment: _TypeAlias = Environment  # noqa: Y015
 
 @_typing.final
 class CaseResult(_message.Message):
-    """kassay.validate.results.CaseResult: the outcome of one case."""
+    """kassay.contract.results.CaseResult: the outcome of one case."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -851,11 +851,11 @@ class CaseResult(_message.Message):
     job brought, in its own process; its timing and memory were measured there).
     """
     name: _builtins.str
-    """A short name within its report (kassay.validate.names); empty on the wire."""
+    """A short name within its report (kassay.contract.names); empty on the wire."""
     broken_since: _builtins.str
     """Where the compared series started to break this case key (set when a report is made)."""
     convergence: _builtins.str
-    """A convergence case's kassay.validate.results.ConvergenceResult as a JSON object (empty:
+    """A convergence case's kassay.contract.results.ConvergenceResult as a JSON object (empty:
     not a convergence case).
     """
     @_builtins.property

@@ -7,7 +7,7 @@ A worker owns one device and one executor subprocess on it. The API sends it inp
 (GroupSpec: one op, params, regime and seed; several impls sharing inputs and the float64
 reference) and the worker streams back one CaseStarted and one CaseResult per case, then one
 GroupDone per group. Messages mirror the pydantic models of kassay.validate.spec and
-kassay.validate.results field for field; kassay.worker.convert converts both ways.
+kassay.contract.results field for field; kassay.contract.wire converts both ways.
 
 Presence: fields marked `optional` are absent when the pydantic value is None (or, in params
 and policies, when the client leaves them out: the pydantic default then applies).

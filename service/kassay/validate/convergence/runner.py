@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from kassay.contract.results import CaseResult, ConvergenceResult
 from kassay.impls import get_impl, load_with_corpora
 from kassay.ops import get_op
 from kassay.validate.case_result import case_result
@@ -33,7 +34,6 @@ from kassay.validate.convergence import stats
 from kassay.validate.convergence.data import Language, uniform_loss
 from kassay.validate.convergence.data import held_out as data_held_out
 from kassay.validate.convergence.model import Decoder, Shape
-from kassay.validate.results import CaseResult, ConvergenceResult
 from kassay.validate.spec import ConvergencePolicy, GroupSpec, case_id
 
 #: a run whose held-out loss climbs this far above the uniform guess has diverged

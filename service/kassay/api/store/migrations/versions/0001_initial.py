@@ -21,7 +21,7 @@ down_revision = None
 branch_labels = None
 depends_on = None
 
-# frozen: the columns of this revision, not whatever kassay.validate.results.STATUSES holds later
+# frozen: the columns of this revision, not whatever kassay.contract.results.STATUSES holds later
 STATUS_COLUMNS = ("passed", "failed", "error", "crashed", "timeout", "unsupported", "skipped")
 
 

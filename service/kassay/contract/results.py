@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
 
-from kassay.validate.comparison import Comparison
+from kassay.contract.comparison import Comparison
 
 REPORT_SCHEMA_VERSION: Literal["kassay.report/v1"] = "kassay.report/v1"
 
@@ -235,7 +235,7 @@ class CaseResult(BaseModel):
         "",
         description="a short name within its report: op.impl, the params that vary within its "
         "suite, the regime and seed where those vary, why coverage added it "
-        "(kassay.validate.names); set when a report is made. The case key stays the identity",
+        "(kassay.contract.names); set when a report is made. The case key stays the identity",
     )
     broken_since: str = Field(
         "",
@@ -301,8 +301,8 @@ class Summary(BaseModel):
 
 
 def named(cases: list[CaseResult]) -> list[CaseResult]:
-    """`cases` with their short names set (kassay.validate.names), in place."""
-    from kassay.validate.names import short_names
+    """`cases` with their short names set (kassay.contract.names), in place."""
+    from kassay.contract.names import short_names
 
     names = short_names(cases)
     for c in cases:
