@@ -16,9 +16,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from kassay.contract.spec import ConvergencePolicy
 from kassay.validate.convergence import stats
 from kassay.validate.convergence.runner import DIVERGED_OVER_UNIFORM
-from kassay.validate.spec import ConvergencePolicy
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,8 @@ def gemm_spread(n: int, h: int, v: int, seed: int = 0) -> dict[str, Any]:
 
 
 def engine_grid(compile_: bool) -> list[dict[str, Any]]:
+    from kassay.contract.spec import GroupSpec, TimingPolicy
     from kassay.validate.engine import run_group
-    from kassay.validate.spec import GroupSpec, TimingPolicy
 
     out = []
     impls = ["torch", "kassay"] + (["torch_compile"] if compile_ else [])

@@ -92,8 +92,8 @@ def wait_ready(url: str, timeout: float = 180) -> None:
 def local_main(argv: list[str]) -> None:
     """Child process: time `run_job` (the engine of `kassay run`) on the job, in a process that
     imports what `kassay run` imports, like the worker's executor; prints seconds per rep."""
+    from kassay.contract.spec import parse_spec
     from kassay.validate.local import run_job
-    from kassay.validate.spec import parse_spec
 
     n_seeds, reps = int(argv[0]), int(argv[1])
     run_job(parse_spec(spec(1)), device="cpu", ceilings=False)  # imports, first-call costs

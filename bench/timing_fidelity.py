@@ -79,7 +79,7 @@ def main() -> None:
     import triton
     import triton.testing
 
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import profiler_device_ms, time_call
 
     dev = torch.device("cuda")

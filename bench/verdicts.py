@@ -80,8 +80,8 @@ def _caught(cases: list[Any]) -> bool:
 
 
 def _run_spec(spec: Any, device: str) -> list[Any]:
+    from kassay.contract.spec import expand, local_impl_check
     from kassay.validate.engine import run_group
-    from kassay.validate.spec import expand, local_impl_check
 
     groups = expand(spec, check_impl=local_impl_check(include_mutants=True))
     return [
@@ -93,8 +93,8 @@ def _run_spec(spec: Any, device: str) -> list[Any]:
 
 
 def mutants(device: str) -> list[dict[str, Any]]:
+    from kassay.contract.spec import JobSpec, Suite, TimingPolicy
     from kassay.validate.selftest import plain_probes, probes
-    from kassay.validate.spec import JobSpec, Suite, TimingPolicy
 
     rows = []
     off = TimingPolicy(enabled=False)
@@ -128,10 +128,10 @@ def mutants(device: str) -> list[dict[str, Any]]:
 
 
 def fairness(seeds: int, device: str) -> dict[str, Any]:
+    from kassay.contract.spec import JobSpec, Suite, TimingPolicy
     from kassay.impls import list_impls, load
     from kassay.ops.probes import CORRECT
     from kassay.validate.selftest import NOT_COUNTED, available_impls, fairness
-    from kassay.validate.spec import JobSpec, Suite, TimingPolicy
 
     load(mutants=True)
     suites = [
@@ -174,9 +174,9 @@ def fairness(seeds: int, device: str) -> dict[str, Any]:
 
 
 def false_failures(spec_path: str, seeds: int, device: str) -> dict[str, Any]:
+    from kassay.contract.spec import load_spec
     from kassay.impls import get_impl, load
     from kassay.validate.env import resolve_device
-    from kassay.validate.spec import load_spec
 
     load()
     dev = resolve_device(device)
@@ -279,8 +279,8 @@ def reclassify(path: Path) -> None:
 
 
 def wall(spec_path: str, device: str) -> dict[str, Any]:
+    from kassay.contract.spec import load_spec
     from kassay.validate.local import run_job
-    from kassay.validate.spec import load_spec
 
     out = {}
     for cov in ("none", "standard"):

@@ -17,9 +17,10 @@ RUNS = 5
 
 
 def _timing(monkeypatch, extra: float):
+    from kassay.contract.spec import JobSpec, expand
     from kassay.impls.testing import EXTRA_PASS_ENV
     from kassay.validate.engine import run_group
-    from kassay.validate.spec import JobSpec, expand, local_impl_check
+    from kassay.validate.local import local_impl_check
 
     monkeypatch.setenv(EXTRA_PASS_ENV, str(extra))
     spec = JobSpec.model_validate(

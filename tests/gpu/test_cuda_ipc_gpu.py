@@ -114,10 +114,10 @@ def test_an_artifact_on_cuda_runs_through_ipc_in_the_sandbox() -> None:
 
 
 def _artifact_on_cuda(tmp_path: Path) -> None:
+    from kassay.contract.spec import GroupSpec
     from kassay.impls import load
     from kassay.impls.registry import scoped
     from kassay.validate.engine import run_group
-    from kassay.validate.spec import GroupSpec
     from kassay.worker.remote_impls import RemoteImpls
     from kassay.worker.sandbox import SandboxConfig, probe
 

@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_smoke_grid_on_cuda() -> None:
+    from kassay.contract.spec import load_spec
     from kassay.validate.local import run_job
-    from kassay.validate.spec import load_spec
 
     report = run_job(load_spec(ROOT / "examples" / "smoke.yaml"), device="cuda")
     bad = [

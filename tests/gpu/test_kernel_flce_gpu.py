@@ -295,7 +295,7 @@ def test_captured_in_a_cuda_graph_matches_eager():
 def test_timing_captures_kassay_flce():
     """The engine's timing can capture kassay's flce (it used to fall back with "operation
     failed due to a previous error during capture" on every case)."""
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     x, w, t, _ = _inputs(512, 256, 4096, torch.bfloat16, False, 0.1, seed=6)

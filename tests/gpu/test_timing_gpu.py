@@ -25,7 +25,7 @@ def _profiler_ms(fn, reps: int = 20) -> float:
 
 
 def test_device_time_of_a_copy_matches_the_profiler() -> None:
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     src = torch.randn(1 << 28, device=DEV)  # 1 GiB
@@ -44,7 +44,7 @@ def test_device_time_of_a_copy_matches_the_profiler() -> None:
 
 
 def test_device_time_of_a_short_kernel_matches_the_profiler() -> None:
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     x = torch.randn(1 << 20, device=DEV)
@@ -62,7 +62,7 @@ def test_device_time_of_a_short_kernel_matches_the_profiler() -> None:
 
 
 def test_host_overhead_is_reported_beside_device_time() -> None:
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     x = torch.randn(1 << 20, device=DEV)
@@ -80,7 +80,7 @@ def test_host_overhead_is_reported_beside_device_time() -> None:
 
 
 def test_a_call_that_syncs_falls_back_to_events() -> None:
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     x = torch.randn(1 << 22, device=DEV)
@@ -109,7 +109,7 @@ def test_a_failed_capture_leaves_the_device_and_its_generator_usable() -> None:
 
 
 def test_warm_l2_is_faster_than_cold_for_a_small_read() -> None:
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     # a quarter of the L2 (12.5 MiB on the H200): fits warm, and read cold it takes long enough
@@ -132,7 +132,7 @@ def test_gpu_state_is_sampled() -> None:
     # fail here, not skip, or the throttle flags would silently disappear from reports.
     import pynvml  # noqa: F401
 
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     a = torch.randn(4096, 4096, device=DEV, dtype=torch.bfloat16)
@@ -153,7 +153,7 @@ def _reserved_growth(sizes: tuple[int, ...]) -> int:
     """Bytes still reserved (after empty_cache) once bf16 forward+backward cases of these row
     counts were timed, over what the first case (workspaces, flush buffer, capture stream)
     left."""
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     policy = TimingPolicy(warmup=1, min_reps=3, max_reps=20, budget_s=0.2)
@@ -182,7 +182,7 @@ def test_a_failed_capture_is_not_tried_again_for_the_same_impl() -> None:
     """A call that waits on an event inside (torch's sync debug mode does not see it) fails its
     capture; with a capture key, the next case of the same impl is timed as events without a
     second failed capture (each kept a memory pool reserved, torch <= 2.11)."""
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     x = torch.randn(1 << 16, device=DEV)
@@ -205,7 +205,7 @@ def test_a_failed_capture_is_not_tried_again_for_the_same_impl() -> None:
 def test_a_long_call_is_timed_directly_and_matches_the_profiler() -> None:
     """A call of tens of ms that the host enqueues at once: no graph is tried, two wall calls,
     and the device time still agrees with the profiler's."""
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import time_call
 
     a = torch.randn(8192, 8192, device=DEV)

@@ -30,8 +30,8 @@ def _available(op: str, names: tuple[str, ...]) -> list[str]:
 
 
 def _run(op: str, params: dict, impls: list[str], regime: str = "normal") -> list:
+    from kassay.contract.spec import GroupSpec, TimingPolicy
     from kassay.validate.engine import run_group
-    from kassay.validate.spec import GroupSpec, TimingPolicy
 
     g = GroupSpec(
         group_id="gpu-verdicts",
@@ -73,7 +73,7 @@ def test_bf16_large_logits_are_explicit_and_the_baseline_is_explained() -> None:
     (its bf16 logits), so a suite that lists no regimes still skips the regime for 16-bit flce;
     asked for explicitly, torch's error is explained by the reference on bf16-rounded logits:
     not suspect, its message gives both errors, and kassay is judged by the explained rules."""
-    from kassay.validate.spec import expand, parse_spec
+    from kassay.contract.spec import expand, parse_spec
 
     p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
     plain = expand(
@@ -136,8 +136,8 @@ def test_bf16_large_logits_limits_are_tight_for_the_others() -> None:
     )
     p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
     impls = ["torch", *_available("flce", CORRECT_FLCE[1:]), "t_kassay_gw_noise"]
+    from kassay.contract.spec import GroupSpec, TimingPolicy
     from kassay.validate.engine import run_group
-    from kassay.validate.spec import GroupSpec, TimingPolicy
 
     g = GroupSpec(
         group_id="gpu-explained",

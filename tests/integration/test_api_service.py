@@ -43,8 +43,8 @@ def _metrics(case) -> dict:
 
 
 def test_results_equal_local_run(client: Client) -> None:
+    from kassay.contract.spec import parse_spec
     from kassay.validate.local import run_job
-    from kassay.validate.spec import parse_spec
 
     job = client.jobs.create(SPEC)
     assert job.state in ("queued", "running") and job.progress.total == 12

@@ -131,9 +131,9 @@ def test_a_convergence_suite_through_the_service(procs) -> None:
 def test_seeds_trained_side_by_side_give_what_one_process_gives() -> None:
     """Seeds in processes of their own (`parallel`, the default on a GPU) train the very runs
     one process trains: matched seeds hold across processes."""
+    from kassay.contract.spec import ConvergencePolicy, GroupSpec
     from kassay.ops import get_op
     from kassay.validate.engine import run_group
-    from kassay.validate.spec import ConvergencePolicy, GroupSpec
 
     op = get_op("lse_merge")
     out = []

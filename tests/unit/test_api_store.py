@@ -12,8 +12,8 @@ import pytest
 from kassay.api.store import JOB_STATES, Store, body_hash
 from kassay.api.store.migrate import upgrade
 from kassay.contract.results import CaseResult
+from kassay.contract.spec import expand, parse_spec
 from kassay.errors import ConflictError
-from kassay.validate.spec import expand, parse_spec
 
 SPEC = {
     "name": "store-test",

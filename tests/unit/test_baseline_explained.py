@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from kassay.contract.results import CaseResult
+from kassay.contract.spec import GroupSpec, TimingPolicy
 from kassay.impls import Impl, get_impl, load, register
 from kassay.ops import get_op
 from kassay.ops.flce import FlceOp
@@ -25,7 +26,6 @@ from kassay.ops.flce import harness as flce_harness
 from kassay.ops.flce import runtime as rt
 from kassay.ops.flce.baseline import flce_eager
 from kassay.validate.engine import run_group
-from kassay.validate.spec import GroupSpec, TimingPolicy
 
 LL = {"N": 16, "H": 64, "V": 2000, "dtype": "float16"}
 

@@ -25,7 +25,7 @@ def test_the_last_step_gives_the_runners_verdicts() -> None:
         (ROOT / "bench/results/convergence-h200-2026-12-05-400steps.json").read_text()
     )
     report = data["report"]
-    from kassay.validate.spec import ConvergencePolicy
+    from kassay.contract.spec import ConvergencePolicy
 
     defaults = ConvergencePolicy()
     points = _module().horizon(report, defaults.margin_sigma, defaults.margin_floor)

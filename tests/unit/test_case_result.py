@@ -8,10 +8,10 @@ from typing import Any, get_args
 
 from pydantic import ValidationError
 
+from kassay.contract.spec import GroupSpec, TimingPolicy
 from kassay.ops import all_ops, get_op
 from kassay.validate.case_result import case_dtype, case_result
 from kassay.validate.engine import run_group
-from kassay.validate.spec import GroupSpec, TimingPolicy
 
 
 def _choices(model: Any, name: str) -> list[Any]:

@@ -11,10 +11,10 @@ import math
 import pytest
 import torch
 
+from kassay.contract.spec import ConvergencePolicy, expand, parse_spec
 from kassay.errors import InvalidSpecError
 from kassay.validate.convergence import stats
 from kassay.validate.convergence.data import Language
-from kassay.validate.spec import ConvergencePolicy, expand, parse_spec
 
 
 def test_equivalence_passes_fails_and_asks_for_more_seeds() -> None:

@@ -25,10 +25,10 @@ from kassay.contract.results import (
     Summary,
     WorstEntry,
 )
+from kassay.contract.spec import JobSpec
 from kassay.reports.cases import failed_limits, worst_output
 from kassay.reports.html import case_detail, to_html, varying
 from kassay.settings import Settings
-from kassay.validate.spec import JobSpec
 from kassay.validate.timing import stats
 
 READ, WRITE = "read-token-1", "write-token-1"

@@ -5,11 +5,11 @@ from typing import Any
 import pytest
 import torch
 
+from kassay.contract.spec import GroupSpec, TimingPolicy
 from kassay.impls import Impl, register
 from kassay.ops.lse_merge.baseline import merge_torch
 from kassay.ops.lse_merge.harness import as_run
 from kassay.validate.engine import run_group
-from kassay.validate.spec import GroupSpec, TimingPolicy
 
 
 def _raise(outs: Any, lses: Any, **_: Any) -> Any:

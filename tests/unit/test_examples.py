@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from kassay.cli import build_parser
-from kassay.validate.spec import expand, parse_spec
+from kassay.contract.spec import expand, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

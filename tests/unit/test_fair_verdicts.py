@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 import torch
 
+from kassay.contract.spec import GroupSpec, JobSpec, Suite, TimingPolicy, expand
 from kassay.errors import CaseLimitError, InvalidSpecError
 from kassay.impls import Impl, get_impl, load, register
 from kassay.validate import interpreter
 from kassay.validate.engine import run_group
 from kassay.validate.local import run_job
 from kassay.validate.metrics import RawMetrics
-from kassay.validate.spec import GroupSpec, JobSpec, Suite, TimingPolicy, expand
 from kassay.validate.verdicts import Floor, check_bias
 
 load(mutants=True)

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import kassay.ops.flce.runtime as flce_runtime
+from kassay.contract.spec import GroupSpec, TimingPolicy
 from kassay.impls import load
 from kassay.ops import get_op
 from kassay.validate.engine import run_group
-from kassay.validate.spec import GroupSpec, TimingPolicy
 
 CPU = torch.device("cpu")
 OP = get_op("flce")

@@ -10,8 +10,8 @@ import pytest
 
 from kassay import reports
 from kassay.contract.results import CaseResult, Report
+from kassay.contract.spec import parse_spec
 from kassay.validate.local import run_job
-from kassay.validate.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = """

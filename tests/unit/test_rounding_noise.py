@@ -19,12 +19,12 @@ import statistics
 import torch
 import torch.nn.functional as F
 
+from kassay.contract.spec import GroupSpec, TimingPolicy
 from kassay.impls import Impl, load, register
 from kassay.ops import get_op
 from kassay.ops.flce import harness as flce_harness
 from kassay.validate import engine
 from kassay.validate.engine import run_group
-from kassay.validate.spec import GroupSpec, TimingPolicy
 
 OP = get_op("flce")
 CPU = torch.device("cpu")

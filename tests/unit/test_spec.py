@@ -2,8 +2,9 @@
 
 import pytest
 
+from kassay.contract.spec import count_cases, expand, parse_spec
 from kassay.errors import CaseLimitError, InvalidSpecError, UnknownImplError, UnknownOpError
-from kassay.validate.spec import count_cases, expand, local_impl_check, parse_spec
+from kassay.validate.local import local_impl_check
 
 SPEC = """
 name: t

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 import kassay.testing as kt
+from kassay.contract.spec import JobSpec
 from kassay.impls import get_impl, load
 from kassay.validate.local import run_job
 from kassay.validate.selftest import probes
-from kassay.validate.spec import JobSpec
 
 load(mutants=True)
 PROBES = [p for p in probes() if p.op in ("flce", "lse_merge")]

@@ -9,9 +9,9 @@ import torch
 
 from kassay import reports
 from kassay.contract.results import Report, Summary
+from kassay.contract.spec import GroupSpec, TimingPolicy
 from kassay.validate.engine import run_group
 from kassay.validate.reference_cache import ReferenceCache
-from kassay.validate.spec import GroupSpec, TimingPolicy
 from kassay.validate.timing import _batch_size, time_call
 
 CPU = torch.device("cpu")
@@ -135,7 +135,7 @@ def test_inputs_with_nan_still_hit() -> None:
 def test_one_outlier_repetition_does_not_hold_the_device_loop_open() -> None:
     """The device loop stops on a robust standard error: a first repetition 3x the others (the
     host still enqueueing it) would keep the std-based one above 1% for 100 repetitions."""
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import _enough, _rel_sem
 
     times = [8.8] + [2.73 + 0.002 * (i % 5) for i in range(13)]
@@ -152,7 +152,7 @@ def test_a_slow_call_meets_min_reps_by_time_with_three_repetitions() -> None:
     """min_reps_time_s: three repetitions of a 0.5 s call (a float32 flce at N=8192) meet
     min_reps=5 when their statistics are good; two never do, a spread keeps the loop going, and
     0 turns the rule off. Calls too short to add up to the time still need min_reps."""
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
     from kassay.validate.timing import _enough
 
     far = float("inf")
@@ -175,7 +175,7 @@ def test_a_slow_call_on_the_cpu_stops_after_three_repetitions() -> None:
     """The same rule on the CPU clock: a 0.4 s call, timed with min_reps=5, takes three."""
     import time
 
-    from kassay.validate.spec import TimingPolicy
+    from kassay.contract.spec import TimingPolicy
 
     t = time_call(
         lambda: time.sleep(0.4),

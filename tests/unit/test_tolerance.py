@@ -2,8 +2,8 @@
 
 import torch
 
+from kassay.contract.spec import TolerancePolicy
 from kassay.validate.metrics import compare
-from kassay.validate.spec import TolerancePolicy
 from kassay.validate.tolerance import judge
 
 REF = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float64)

@@ -4,8 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kassay.contract.spec import GroupSpec, TimingPolicy
 from kassay.validate.engine import run_group
-from kassay.validate.spec import GroupSpec, TimingPolicy
 
 NO_TIMING = TimingPolicy(enabled=False)
 

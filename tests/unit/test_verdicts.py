@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from kassay.contract.results import CaseResult
+from kassay.contract.spec import GroupSpec, TimingPolicy
 from kassay.impls import Impl, get_impl, load, register
 from kassay.validate.engine import run_group
 from kassay.validate.metrics import compare
-from kassay.validate.spec import GroupSpec, TimingPolicy
 from kassay.validate.tolerance import nonfinite_reason
 from kassay.validate.verdicts import accumulation_rel, effective_floor
 

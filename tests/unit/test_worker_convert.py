@@ -20,10 +20,10 @@ from kassay.contract.results import (
     TimingStats,
     WorstEntry,
 )
+from kassay.contract.spec import GroupSpec, TimingPolicy, TolerancePolicy, expand, parse_spec
 from kassay.contract.v1 import worker_pb2 as pb
 from kassay.errors import InvalidSpecError
 from kassay.ops.lse_merge import LseMergeParams
-from kassay.validate.spec import GroupSpec, TimingPolicy, TolerancePolicy, expand, parse_spec
 
 
 def _same(a: Any, b: Any) -> bool:

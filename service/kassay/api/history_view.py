@@ -21,7 +21,7 @@ from kassay.validate.compare import (
 )
 from kassay.validate.median_ratio import DEFAULT_CONFIDENCE
 
-#: the tolerance factor of suites that set none (kassay.validate.spec's default)
+#: the tolerance factor of suites that set none (kassay.contract.spec's default)
 DEFAULT_FACTOR = 2.0
 METRICS = ("device_median_ms", "rel_l2", "peak_bytes")
 

@@ -17,7 +17,7 @@ from kassay.contract.results import (
     TimingStats,
     WorstEntry,
 )
-from kassay.validate.spec import JobSpec
+from kassay.contract.spec import JobSpec
 
 JOB_SPEC_EXAMPLE: dict[str, Any] = {
     "name": "flce-ci",

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kassay.api.store import JobRecord, Store, body_hash
+from kassay.contract.spec import GroupSpec, JobSpec, expand, parse_spec
 from kassay.errors import (
     InvalidSpecError,
     KassayError,
@@ -23,7 +24,6 @@ from kassay.errors import (
 )
 from kassay.settings import Settings
 from kassay.validate.case_result import case_dtype
-from kassay.validate.spec import GroupSpec, JobSpec, expand, parse_spec
 
 
 class WorkerCatalog(Protocol):

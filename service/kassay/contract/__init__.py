@@ -3,6 +3,9 @@ torch.
 
   v1/          the generated protobuf/gRPC stubs of the worker contract (protos/kassay/contract/
                v1/worker.proto; `make protos` regenerates them, `protogen.py`)
+  spec.py      the job spec language: JobSpec (what a user posts), Suite, GroupSpec (what a worker
+               runs), the policies, parse_spec and expand (grids -> groups)
+  documents.py reading a JSON or YAML document strictly (the spec's and a suite file's)
   results.py   what a case and a job come to: Status, CaseResult, Summary, Report (the
                `kassay.report/v1` JSON schema), and the statuses' one list
   comparison.py  a job against another: Comparison, its entries and verdicts
@@ -12,6 +15,6 @@ torch.
   loopback.py  whether an address stays on this host (both ends' clear-text rules)
 
 The API and the worker meet only here: the API imports no worker module (the import-graph
-test). The pydantic models `wire` encodes (kassay.validate.spec, kassay.contract.results) are
+test). The pydantic models `wire` encodes (kassay.contract.spec, kassay.contract.results) are
 still a floor above; moving them down is #43's next step.
 """

@@ -26,9 +26,9 @@ from google.protobuf.message import Message
 from pydantic import BaseModel, ValidationError
 
 from kassay.contract.results import CaseResult, Environment
+from kassay.contract.spec import GroupSpec, TimingPolicy, TolerancePolicy, spec_error
 from kassay.contract.v1 import worker_pb2 as pb
 from kassay.errors import InvalidSpecError
-from kassay.validate.spec import GroupSpec, TimingPolicy, TolerancePolicy, spec_error
 
 Loc = tuple[str | int, ...]
 

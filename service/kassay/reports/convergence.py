@@ -10,7 +10,7 @@ from collections.abc import Callable
 from html import escape as e
 
 from kassay.contract.results import CaseResult, ConvergenceResult, Report
-from kassay.validate.spec import CONVERGENCE_REGIME
+from kassay.contract.spec import CONVERGENCE_REGIME
 
 WHAT_IT_SEES = (
     "A convergence check of this size sees gross bugs (a stale lse, wrong or missing "

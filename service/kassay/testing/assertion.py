@@ -1,6 +1,6 @@
 """assert_kernel, cases and parametrize (the public surface is kassay.testing's docstring).
 
-The grid is expanded by the job spec's own expansion (kassay.validate.spec.expand) and each case
+The grid is expanded by the job spec's own expansion (kassay.contract.spec.expand) and each case
 run by the engine's run_group: there is no second judge here, only the translation of a
 CaseResult into an assertion."""
 
@@ -12,10 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kassay.contract.results import NOT_JUDGED, CaseResult
-from kassay.impls.registry import Impl, get_impl, load, scoped
-from kassay.ops import get_op
-from kassay.testing.session import SESSION
-from kassay.validate.spec import (
+from kassay.contract.spec import (
     DEFAULT_MAX_CASES,
     GroupSpec,
     JobSpec,
@@ -24,6 +21,9 @@ from kassay.validate.spec import (
     TolerancePolicy,
     expand,
 )
+from kassay.impls.registry import Impl, get_impl, load, scoped
+from kassay.ops import get_op
+from kassay.testing.session import SESSION
 
 #: how many of an output's worst elements the message shows
 _WORST = 5

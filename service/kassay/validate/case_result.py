@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from kassay.contract.results import CaseResult, Status
-from kassay.validate.spec import GroupSpec, case_id
+from kassay.contract.spec import GroupSpec, case_id
 
 
 def case_dtype(op: str, params: Mapping[str, Any]) -> str:

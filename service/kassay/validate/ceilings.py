@@ -8,7 +8,7 @@ import functools
 
 import torch
 
-from kassay.validate.spec import TimingPolicy
+from kassay.contract.spec import TimingPolicy
 from kassay.validate.timing import time_call
 
 #: What the environment record says of how `ceilings` were measured.

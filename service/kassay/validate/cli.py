@@ -55,12 +55,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     from kassay import reports
     from kassay.contract.results import CaseResult
+    from kassay.contract.spec import load_spec
     from kassay.errors import KassayError
     from kassay.reports.convergence import is_convergence
     from kassay.reports.convergence import label as convergence_label
     from kassay.settings import get_settings
     from kassay.validate.local import run_job
-    from kassay.validate.spec import load_spec
     from kassay_client.models import Report as ReportView
     from kassay_client.summary import print_summary
 

@@ -39,6 +39,7 @@ from kassay.contract.results import (
     TimingStats,
     WorstEntry,
 )
+from kassay.contract.spec import GroupSpec, case_id
 from kassay.impls import Impl, get_impl, load
 from kassay.ops import Op, OutputSpec, get_op
 from kassay.ops.base import CONDITIONING, SCALE_NOISE
@@ -49,7 +50,6 @@ from kassay.validate.env import environment, resolve_device
 from kassay.validate.explained import judge_explained
 from kassay.validate.metrics import RawMetrics, compare, rounding_error
 from kassay.validate.reference_cache import shared_cache
-from kassay.validate.spec import GroupSpec, case_id
 from kassay.validate.timing import time_call
 from kassay.validate.tolerance import Verdict, baseline_usable, judge, tolerances
 from kassay.validate.verdicts import (

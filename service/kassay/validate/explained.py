@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kassay.contract.spec import TolerancePolicy
 from kassay.validate.metrics import RawMetrics
-from kassay.validate.spec import TolerancePolicy
 from kassay.validate.tolerance import judge
 from kassay.validate.verdicts import Floor, check_bias
 

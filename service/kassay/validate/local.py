@@ -6,11 +6,24 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from kassay.contract.results import CaseResult, Report, Summary, named
+from kassay.contract.spec import DEFAULT_MAX_CASES, ImplCheck, JobSpec, expand
 from kassay.errors import InvalidSpecError
 from kassay.validate.case_result import case_result
 from kassay.validate.engine import run_group
 from kassay.validate.env import environment, resolve_device
-from kassay.validate.spec import DEFAULT_MAX_CASES, JobSpec, expand, local_impl_check
+
+
+def local_impl_check(*, include_mutants: bool = False, include_testing: bool = False) -> ImplCheck:
+    """An ImplCheck against this process's impl registry (imports torch: local runs only; the
+    API checks impl names against what its workers describe)."""
+    from kassay.impls import get_impl, load
+
+    load(mutants=include_mutants, testing=include_testing)
+
+    def check(op: str, name: str) -> None:
+        get_impl(op, name, include_mutants=include_mutants, include_testing=include_testing)
+
+    return check
 
 
 def run_job(

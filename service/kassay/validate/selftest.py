@@ -21,19 +21,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kassay.contract.results import BAD_STATUSES, NOT_JUDGED, CaseResult
-from kassay.impls import get_impl, list_impls, load
-from kassay.ops import all_ops, get_op
-from kassay.ops.probes import CORRECT, Probe
-from kassay.validate.engine import run_group
-from kassay.validate.env import resolve_device
-from kassay.validate.spec import (
+from kassay.contract.spec import (
     GroupSpec,
     JobSpec,
     Suite,
     TimingPolicy,
     expand,
-    local_impl_check,
 )
+from kassay.impls import get_impl, list_impls, load
+from kassay.ops import all_ops, get_op
+from kassay.ops.probes import CORRECT, Probe
+from kassay.validate.engine import run_group
+from kassay.validate.env import resolve_device
+from kassay.validate.local import local_impl_check
 
 #: statuses of a correct impl's case that are not a verdict (it cannot run these params, or the
 #: device cannot judge them: kassay.validate.interpreter)

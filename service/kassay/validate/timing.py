@@ -48,10 +48,10 @@ from typing import Any
 import torch
 
 from kassay.contract.results import TimingStats
+from kassay.contract.spec import TimingPolicy
 from kassay.validate.cpu_pressure import PressureWindow
 from kassay.validate.gpu_state import GpuSampler
 from kassay.validate.host_calibration import host_calibration
-from kassay.validate.spec import TimingPolicy
 
 _flush_buffers: dict[torch.device, torch.Tensor] = {}
 #: one side stream per device for every capture: libraries keep per-stream state for the life of

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kassay.contract.spec import TolerancePolicy
 from kassay.validate.metrics import DEFAULT_TOLERANCES, RawMetrics
-from kassay.validate.spec import TolerancePolicy
 
 
 @dataclass

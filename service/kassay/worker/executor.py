@@ -243,8 +243,8 @@ class Executor:
             runner.close()
 
     def run(self, msg: dict[str, Any]) -> None:
+        from kassay.contract.spec import GroupSpec
         from kassay.impls.registry import scoped
-        from kassay.validate.spec import GroupSpec
 
         group = GroupSpec.model_validate(msg["group"])
         runner = None

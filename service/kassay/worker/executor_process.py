@@ -20,7 +20,7 @@ import time
 from collections import deque
 from typing import Any
 
-from kassay.validate.spec import GroupSpec
+from kassay.contract.spec import GroupSpec
 from kassay.worker.channel import Channel, ProtocolError
 from kassay.worker.executor import wants_interpreter
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kassay.contract.results import CaseResult, Environment, Status
+from kassay.contract.spec import GroupSpec, case_id
 from kassay.validate.case_result import case_result
-from kassay.validate.spec import GroupSpec, case_id
 from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError, describe_exit
 from kassay.worker.runner_leases import GroupRefused, RunnerLeases
 

@@ -118,8 +118,8 @@ class Runner:
             ex.drop_views()  # the executor frees what it lent once this call is answered
 
     def _run(self, impl: Any, params: Any, inputs: Any, ex: Any, msg: dict[str, Any]) -> Any:
+        from kassay.contract.spec import TimingPolicy
         from kassay.validate import interpreter
-        from kassay.validate.spec import TimingPolicy
         from kassay.validate.timing import time_call
 
         torch = self.torch

@@ -39,6 +39,7 @@ from kassay import __version__
 from kassay.contract import keepalive
 from kassay.contract import wire as convert
 from kassay.contract.results import CaseResult
+from kassay.contract.spec import CONVERGENCE_REGIME, MAX_ARTIFACTS, GroupSpec
 from kassay.contract.v1 import worker_pb2 as pb
 from kassay.contract.v1 import worker_pb2_grpc
 from kassay.errors import (
@@ -48,7 +49,6 @@ from kassay.errors import (
     UnknownImplError,
     WorkerUnavailableError,
 )
-from kassay.validate.spec import CONVERGENCE_REGIME, MAX_ARTIFACTS, GroupSpec
 from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor

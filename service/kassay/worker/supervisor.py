@@ -27,8 +27,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kassay.contract.results import Environment
+from kassay.contract.spec import GroupSpec
 from kassay.errors import ConflictError, WorkerUnavailableError
-from kassay.validate.spec import GroupSpec
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.executor_process import (
     ExecutorProcess,

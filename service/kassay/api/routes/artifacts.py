@@ -16,7 +16,7 @@ from kassay.api.deps import Services, services
 from kassay.api.route_common import ERROR_RESPONSES, read_body
 from kassay.api.schemas import Artifact
 from kassay.artifacts import inspect_artifact, sha256
-from kassay.validate.spec import NO_CONTROL
+from kassay.contract.spec import NO_CONTROL
 
 router = APIRouter(prefix="/v1/artifacts", tags=["artifacts"])
 

@@ -23,8 +23,8 @@ from kassay.api.schemas import Job, JobPage
 from kassay.api.store import ACTIVE_STATES
 from kassay.api.submit import admit
 from kassay.contract.comparison import Comparison
+from kassay.contract.spec import NO_CONTROL
 from kassay.errors import InvalidSpecError, KassayError
-from kassay.validate.spec import NO_CONTROL
 
 _COALESCE_S = 0.02  # how long an SSE stream lets results gather after a wake-up
 

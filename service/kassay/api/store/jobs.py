@@ -17,8 +17,8 @@ from sqlalchemy import ColumnElement, Engine, and_, bindparam, func, insert, sel
 from sqlalchemy.exc import IntegrityError
 
 from kassay.api.store.tables import STATUS_COLUMNS, cases, groups, job_labels, jobs
+from kassay.contract.spec import GroupSpec, JobSpec
 from kassay.errors import ConflictError, NotFoundError
-from kassay.validate.spec import GroupSpec, JobSpec
 
 if TYPE_CHECKING:
     from kassay.api.store.prepared import PreparedRead

@@ -27,7 +27,7 @@ from kassay.api.store.jobs import ACTIVE_STATES, JobRecord, Jobs
 from kassay.api.store.results import Results
 from kassay.api.store.tables import cases, groups, jobs
 from kassay.contract.results import Status
-from kassay.validate.spec import GroupSpec
+from kassay.contract.spec import GroupSpec
 
 #: how many pending groups a claim looks through for one its worker can run
 _CANDIDATES = 50

@@ -14,8 +14,8 @@ from kassay.api.store.history import index_results
 from kassay.api.store.jobs import Jobs
 from kassay.api.store.tables import cases, groups, jobs
 from kassay.contract.results import CaseResult, Environment, Report, Status, Summary, named
+from kassay.contract.spec import GroupSpec
 from kassay.validate.case_result import case_result
-from kassay.validate.spec import GroupSpec
 
 
 class _Duplicate(Exception):

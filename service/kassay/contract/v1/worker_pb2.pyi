@@ -6,7 +6,7 @@ kassay worker contract: the single source of truth for the API <-> worker protoc
 A worker owns one device and one executor subprocess on it. The API sends it input groups
 (GroupSpec: one op, params, regime and seed; several impls sharing inputs and the float64
 reference) and the worker streams back one CaseStarted and one CaseResult per case, then one
-GroupDone per group. Messages mirror the pydantic models of kassay.validate.spec and
+GroupDone per group. Messages mirror the pydantic models of kassay.contract.spec and
 kassay.contract.results field for field; kassay.contract.wire converts both ways.
 
 Presence: fields marked `optional` are absent when the pydantic value is None (or, in params
@@ -78,7 +78,7 @@ Global___ExecutorState: _TypeAlias = ExecutorState  # noqa: Y015
 class TolerancePolicy(_message.Message):
     """------------------------------------------------------------------------------------ groups
 
-    kassay.validate.spec.TolerancePolicy.
+    kassay.contract.spec.TolerancePolicy.
     """
 
     DESCRIPTOR: _descriptor.Descriptor
@@ -128,7 +128,7 @@ Global___TolerancePolicy: _TypeAlias = TolerancePolicy  # noqa: Y015
 
 @_typing.final
 class TimingPolicy(_message.Message):
-    """kassay.validate.spec.TimingPolicy."""
+    """kassay.contract.spec.TimingPolicy."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -227,7 +227,7 @@ Global___TimingPolicy: _TypeAlias = TimingPolicy  # noqa: Y015
 
 @_typing.final
 class GroupSpec(_message.Message):
-    """kassay.validate.spec.GroupSpec: one input group."""
+    """kassay.contract.spec.GroupSpec: one input group."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -265,7 +265,7 @@ class GroupSpec(_message.Message):
     skipped with this reason by the API and never sent to a worker; a worker refuses it.
     """
     convergence: _builtins.str
-    """Non-empty: a convergence group; kassay.validate.spec.ConvergencePolicy as a JSON object."""
+    """Non-empty: a convergence group; kassay.contract.spec.ConvergencePolicy as a JSON object."""
     @_builtins.property
     def impls(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property

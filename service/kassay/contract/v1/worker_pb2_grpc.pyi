@@ -6,7 +6,7 @@ kassay worker contract: the single source of truth for the API <-> worker protoc
 A worker owns one device and one executor subprocess on it. The API sends it input groups
 (GroupSpec: one op, params, regime and seed; several impls sharing inputs and the float64
 reference) and the worker streams back one CaseStarted and one CaseResult per case, then one
-GroupDone per group. Messages mirror the pydantic models of kassay.validate.spec and
+GroupDone per group. Messages mirror the pydantic models of kassay.contract.spec and
 kassay.contract.results field for field; kassay.contract.wire converts both ways.
 
 Presence: fields marked `optional` are absent when the pydantic value is None (or, in params

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from kassay.contract.results import CaseResult, ConvergenceResult
+from kassay.contract.spec import ConvergencePolicy, GroupSpec, case_id
 from kassay.impls import get_impl, load_with_corpora
 from kassay.ops import get_op
 from kassay.validate.case_result import case_result
@@ -34,7 +35,6 @@ from kassay.validate.convergence import stats
 from kassay.validate.convergence.data import Language, uniform_loss
 from kassay.validate.convergence.data import held_out as data_held_out
 from kassay.validate.convergence.model import Decoder, Shape
-from kassay.validate.spec import ConvergencePolicy, GroupSpec, case_id
 
 #: a run whose held-out loss climbs this far above the uniform guess has diverged
 DIVERGED_OVER_UNIFORM = 1.0

@@ -27,8 +27,8 @@ from pydantic import (
     model_validator,
 )
 
+from kassay.contract.documents import load_document
 from kassay.errors import CaseLimitError, InvalidSpecError
-from kassay.validate.documents import load_document
 
 DEFAULT_MAX_CASES = 10_000
 
@@ -275,7 +275,7 @@ def _group_id(op: str, params: dict[str, Any], regime: str, seed: int, suite_ind
 
 
 def parse_spec(data: str | bytes | dict[str, Any], *, json_only: bool = False) -> JobSpec:
-    """Parse a job spec from YAML/JSON text (bounded: see kassay.validate.documents) or a dict;
+    """Parse a job spec from YAML/JSON text (bounded: see kassay.contract.documents) or a dict;
     errors name the field path."""
     raw = load_document(data, json_only=json_only) if isinstance(data, (str, bytes)) else data
     if not isinstance(raw, dict):
@@ -345,19 +345,6 @@ def count_cases(spec: JobSpec) -> int:
 
 #: Checks that an impl exists for an op; raises InvalidSpecError (or a subclass) when it does not.
 ImplCheck = Callable[[str, str], None]
-
-
-def local_impl_check(*, include_mutants: bool = False, include_testing: bool = False) -> ImplCheck:
-    """An ImplCheck against this process's impl registry (imports torch: local runs only; the
-    API checks impl names against what its workers describe)."""
-    from kassay.impls import get_impl, load
-
-    load(mutants=include_mutants, testing=include_testing)
-
-    def check(op: str, name: str) -> None:
-        get_impl(op, name, include_mutants=include_mutants, include_testing=include_testing)
-
-    return check
 
 
 def expand(
