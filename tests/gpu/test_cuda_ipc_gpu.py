@@ -116,7 +116,7 @@ def test_an_artifact_on_cuda_runs_through_ipc_in_the_sandbox() -> None:
 def _artifact_on_cuda(tmp_path: Path) -> None:
     from kassay.contract.spec import GroupSpec
     from kassay.impls import load
-    from kassay.impls.registry import scoped
+    from kassay.ops.registry import scoped
     from kassay.validate.engine import run_group
     from kassay.worker.remote_impls import RemoteImpls
     from kassay.worker.sandbox import SandboxConfig, probe
@@ -124,7 +124,7 @@ def _artifact_on_cuda(tmp_path: Path) -> None:
     module = tmp_path / "art" / "kassay_scribble_gpu.py"
     module.parent.mkdir()
     module.write_text(
-        "from kassay.impls import Impl, registry\n"
+        "from kassay.impls import Impl\nfrom kassay.ops import registry\n"
         "def _honest(inputs, params):\n"
         "    return registry._REGISTRY[('lse_merge', 'torch')].run(inputs, params)\n"
         "def _scribble(inputs, params):\n"
@@ -186,6 +186,6 @@ def _artifact_on_cuda(tmp_path: Path) -> None:
     finally:
         remote.close()
         for impl in remote.impls:
-            from kassay.impls.registry import _REGISTRY
+            from kassay.ops.registry import _REGISTRY
 
             _REGISTRY.pop((impl.op, impl.name), None)

@@ -539,7 +539,8 @@ def test_workers_describe_their_sandbox(code_stack: CodeStack) -> None:
 #: a wrong one and breaks torch.exp; its own impl returns garbage
 SUBVERT = """
 import torch
-from kassay.impls import Impl, registry
+from kassay.impls import Impl
+from kassay.ops import registry
 from kassay.validate import engine, tolerance, verdicts
 
 def _always_pass(*args, **kwargs):
@@ -587,7 +588,8 @@ def impls():
 #: two impls of one artifact: the first writes garbage into its inputs in place after computing
 #: its (right) outputs, the second computes honestly from the inputs it is lent
 SCRIBBLE = """
-from kassay.impls import Impl, registry
+from kassay.impls import Impl
+from kassay.ops import registry
 
 def _honest(inputs, params):
     return registry._REGISTRY[("lse_merge", "torch")].run(inputs, params)

@@ -120,7 +120,7 @@ def test_artifact_impls_load_as_plugins_do_but_take_no_taken_name(tmp_path: Path
     """In the executor: an artifact's impls are registered (kind `artifact`) from its installed
     folder; one that would take a built-in's name, and an entry point that raises, are left out
     and reported, and the built-in stays what it was."""
-    from kassay.impls import registry
+    from kassay.ops import registry
     from kassay.worker.executor import load_artifacts
 
     registry.load(plugins=False)

@@ -103,7 +103,7 @@ register(Impl("lse_merge", "t_shape", as_run(_wrong_shape, None)), replace=True)
 
 
 def test_wrong_shape_and_missing_outputs_fail_with_a_reason() -> None:
-    from kassay.impls.registry import Impl as _Impl
+    from kassay.ops.registry import Impl as _Impl
 
     def run_missing(inputs: dict, params: Any) -> dict:
         return {"out": as_run(merge_torch, None)(inputs, params)["out"]}

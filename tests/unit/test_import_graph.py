@@ -88,10 +88,11 @@ def test_no_import_circles() -> None:
 def test_the_layers_point_one_way() -> None:
     graph = _graph()
     for mod, deps in graph.items():
-        if mod.startswith("kassay.ops"):
-            # an op's folder may register impls (kassay.impls.registry), nothing above that
-            assert not {d for d in deps if d.startswith(("kassay.validate", "kassay.worker"))}, mod
-            assert not {d for d in deps if d.startswith("kassay.api")}, mod
+        if _in(mod, "kassay.ops"):
+            # an op's folder registers its impls beside the op loader (kassay.ops.registry);
+            # nothing above: not the plugin-facing kassay.impls, not the engine, nor the servers
+            above = ("kassay.impls", "kassay.validate", "kassay.worker", "kassay.api")
+            assert not {d for d in deps if any(_in(d, a) for a in above)}, mod
         if mod.startswith("kassay.api"):
             # the API meets the worker in kassay.contract only (stubs, codec, channel policies)
             above = {d for d in deps if d.startswith(("kassay.worker", "kassay.impls"))}
@@ -121,3 +122,25 @@ def test_the_contract_imports_no_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout) == []
+
+
+def test_the_registrys_old_path_still_imports_with_a_deprecation_warning() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "try:\n    import kassay.impls.registry\nexcept DeprecationWarning as e:\n"
+        "    print('warned:', e)\n"
+        "warnings.simplefilter('ignore')\n"
+        "from kassay.impls.registry import Impl, register\n"
+        "import kassay.impls, kassay.ops.registry as r\n"
+        "assert Impl is r.Impl is kassay.impls.Impl and register is r.register\n"
+        "print('same')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:2] == [
+        "warned: kassay.impls.registry moved to kassay.ops.registry (plugins: import Impl and "
+        "register from kassay.impls)",
+        "same",
+    ], out.stdout + out.stderr

@@ -5,8 +5,9 @@ reference, the baseline's error, the op's edge regimes) instead of hand-tuned at
     pytest tests/ --kassay-report kassay.json              # + the report kassay run would give
 """
 
-import kassay.testing as kt
 from kassay_example_kernels.merge import merge_states
+
+import kassay.testing as kt
 
 
 def merge(outs, lses, *, lse_layout, accumulate):  # lse_merge's calling convention

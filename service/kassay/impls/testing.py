@@ -24,9 +24,9 @@ import os
 import time
 from typing import Any, NoReturn
 
-from kassay.impls.registry import Impl, register
 from kassay.ops.flce import harness as flce_harness
 from kassay.ops.flce.baseline import flce_eager
+from kassay.ops.registry import Impl, register
 
 Tensors = dict[str, Any]
 

@@ -21,8 +21,8 @@ from kassay.contract.spec import (
     TolerancePolicy,
     expand,
 )
-from kassay.impls.registry import Impl, get_impl, load, scoped
 from kassay.ops import get_op
+from kassay.ops.registry import Impl, get_impl, load, scoped
 from kassay.testing.session import SESSION
 
 #: how many of an output's worst elements the message shows

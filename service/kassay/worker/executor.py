@@ -244,7 +244,7 @@ class Executor:
 
     def run(self, msg: dict[str, Any]) -> None:
         from kassay.contract.spec import GroupSpec
-        from kassay.impls.registry import scoped
+        from kassay.ops.registry import scoped
 
         group = GroupSpec.model_validate(msg["group"])
         runner = None
@@ -379,7 +379,7 @@ def load_artifacts(paths: list[str]) -> list[str]:
     import sys
     from importlib import metadata
 
-    from kassay.impls.registry import Impl, list_impls, register
+    from kassay.ops.registry import Impl, list_impls, register
 
     errors: list[str] = []
     taken = {(i.op, i.name) for i in list_impls(include_mutants=True, include_testing=True)}

@@ -5,7 +5,7 @@ built-in impls and judges every output). For a run (a job's share of this worker
 artifacts it starts one impl runner (kassay.worker.impl_runner) inside the sandbox
 (kassay.worker.sandbox), which loads the artifacts and serves every group of that run; each
 artifact impl the runner reports becomes a proxy (kind `artifact`, `Impl.remote`), registered
-for the length of one group (kassay.impls.registry.scoped), so the engine asks the runner for
+for the length of one group (kassay.ops.registry.scoped), so the engine asks the runner for
 that impl's outputs, timing and memory and judges what comes back. Only JSON (kassay.worker.channel) and raw tensors
 cross: nothing the runner sends is executed or unpickled
 here, and nothing it does can reach this process's engine, registry or torch.
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from kassay.impls.registry import Impl, RemoteRun
+from kassay.ops.registry import Impl, RemoteRun
 from kassay.worker import cuda_ipc
 from kassay.worker.channel import Channel, ProtocolError
 from kassay.worker.tensor_exchange import (

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from kassay.impls.registry import Impl, register
+from kassay.impls import Impl, register
 from kassay_rmsnorm import OP, RmsNormParams
 
 Tensors = dict[str, torch.Tensor]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kassay.impls.registry import Impl, register
+from kassay.impls import Impl, register
 from kassay_rmsnorm import OP, RmsNormParams
 from kassay_rmsnorm.impls import Tensors, rmsnorm_eager, with_grads
 

@@ -30,10 +30,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kassay.impls.registry import Impl, register
 from kassay.ops.flce import FlceParams
 from kassay.ops.flce import harness as flce_harness
 from kassay.ops.flce.baseline import _mean_divisor, _safe_div
+from kassay.ops.registry import Impl, register
 
 CHUNKS = 8
 

@@ -8,9 +8,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kassay.impls.registry import Impl, register
 from kassay.ops.flce import FlceParams
 from kassay.ops.flce import harness as flce_harness
+from kassay.ops.registry import Impl, register
 
 # ----------------------------------------------------------------------------------------- flce
 

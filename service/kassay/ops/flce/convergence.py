@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from kassay.impls.registry import Impl
 from kassay.ops.flce import FlceParams
+from kassay.ops.registry import Impl
 
 SLOT = "head"
 #: the correct alternative trained as the control arm (the benign band between correct kernels)

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from kassay.impls.registry import Impl, register
 from kassay.kernels import fused_linear_cross_entropy
 from kassay.ops.flce import FlceParams
 from kassay.ops.flce import harness as flce_harness
+from kassay.ops.registry import Impl, register
 
 
 def _loss(

@@ -7,9 +7,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kassay.impls.registry import Impl, register
 from kassay.ops.flce import FlceParams
 from kassay.ops.flce import harness as flce_harness
+from kassay.ops.registry import Impl, register
 
 
 def _mutant(name: str, fn: Any, bug: str, exposes: tuple[str, ...] = ("normal",)) -> None:

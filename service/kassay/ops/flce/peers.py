@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from kassay.impls.registry import Impl, register
 from kassay.ops.flce import FlceParams
 from kassay.ops.flce import harness as flce_harness
+from kassay.ops.registry import Impl, register
 
 #: FlceParams options -> the keyword of liger_fused_linear_cross_entropy that carries them
 _LIGER_OPTIONS = {

@@ -8,10 +8,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kassay.impls.registry import Impl, register
 from kassay.ops.lse_merge import LseMergeParams
 from kassay.ops.lse_merge import harness as lse_harness
 from kassay.ops.lse_merge.runtime import lse_to_th as _th
+from kassay.ops.registry import Impl, register
 
 
 def _empty_to_neginf(lse: torch.Tensor) -> torch.Tensor:

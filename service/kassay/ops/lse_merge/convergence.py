@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from kassay.impls.registry import Impl
 from kassay.ops.lse_merge import LseMergeParams
+from kassay.ops.registry import Impl
 
 SLOT = "merge"
 #: the correct alternative trained as the control arm (the benign band between correct kernels)

@@ -6,9 +6,9 @@ from typing import Literal, cast
 
 import torch
 
-from kassay.impls.registry import Impl, register
 from kassay.kernels import merge_state_, merge_states
 from kassay.ops.lse_merge import harness as lse_harness
+from kassay.ops.registry import Impl, register
 
 
 def _merge(

@@ -6,10 +6,10 @@ from typing import Any
 
 import torch
 
-from kassay.impls.registry import Impl, register
 from kassay.ops.lse_merge import harness as lse_harness
 from kassay.ops.lse_merge.baseline import _torch_step, merge_torch, update_te_style
 from kassay.ops.lse_merge.runtime import lse_to_th as _th
+from kassay.ops.registry import Impl, register
 
 
 def _mutant(
