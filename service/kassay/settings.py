@@ -223,7 +223,7 @@ class Settings(BaseSettings):
     @field_validator("workers")
     @classmethod
     def _worker_entries(cls, v: list[str]) -> list[str]:
-        from kassay.api.worker_discovery import parse_entry  # no heavy imports
+        from kassay.contract.addresses import parse_entry
 
         for entry in v:
             parse_entry(entry)  # ValueError names the entry

@@ -18,7 +18,7 @@ import yaml
 from fake_nvml import FakeNvml
 
 from kassay.api.metrics import ApiMetrics
-from kassay.api.worker_discovery import parse_entry
+from kassay.contract.addresses import parse_entry
 from kassay.settings import Settings
 from kassay.worker.metrics import WorkerMetrics
 

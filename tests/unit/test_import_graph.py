@@ -117,7 +117,7 @@ def test_the_contract_imports_no_torch() -> None:
     code = (
         "import json, sys\nimport kassay.contract.wire, kassay.contract.spec, kassay.contract.results, "
         "kassay.contract.keepalive, "
-        "kassay.contract.loopback\nfrom kassay.contract.v1 import worker_pb2_grpc\n"
+        "kassay.contract.addresses\nfrom kassay.contract.v1 import worker_pb2_grpc\n"
         "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton'))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

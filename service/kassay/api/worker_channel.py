@@ -22,7 +22,7 @@ from typing import Any
 
 import grpc
 
-from kassay.contract.loopback import is_loopback
+from kassay.contract.addresses import is_loopback
 from kassay.settings import Settings
 
 log = logging.getLogger("kassay.api.dispatcher")

@@ -14,52 +14,13 @@ import asyncio
 import logging
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+
+from kassay.contract.addresses import WorkerEntry, join_host_port, parse_entry
 
 log = logging.getLogger("kassay.api.dispatcher")
 
-DNS_PREFIX = "dns:"
-
 #: (host, port) -> the addresses ("ip:port") the name has now; raises socket.gaierror
 Resolver = Callable[[str, int], Awaitable[list[str]]]
-
-
-@dataclass(frozen=True)
-class WorkerEntry:
-    """One KASSAY_WORKERS entry: an address, or a DNS name to resolve (`dns` set)."""
-
-    text: str
-    host: str
-    port: int
-    dns: bool
-
-    @property
-    def address(self) -> str:
-        return self.text if not self.dns else f"{self.host}:{self.port}"
-
-
-def parse_entry(text: str) -> WorkerEntry:
-    """`host:port`, `[v6]:port`, or `dns:///name:port` (`dns:name:port` too, gRPC's short form).
-    Raises ValueError naming what is wrong."""
-    dns = text.startswith(DNS_PREFIX)
-    rest = text[len(DNS_PREFIX) :] if dns else text
-    if dns and rest.startswith("//"):
-        authority, sep, rest = rest[2:].partition("/")
-        if not sep or authority:
-            raise ValueError(
-                f"{text!r}: write dns:///NAME:PORT (a DNS server authority is not supported)"
-            )
-    host, sep, port_text = rest.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        form = "dns:///NAME:PORT" if dns else "HOST:PORT"
-        raise ValueError(f"{text!r}: a worker is {form} with a port between 1 and 65535")
-    if dns and host.startswith("["):
-        raise ValueError(f"{text!r}: dns:/// takes a name, not an address")
-    return WorkerEntry(text=text, host=host, port=int(port_text), dns=dns)
-
-
-def join_host_port(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def getaddrinfo_resolver(host: str, port: int) -> list[str]:

@@ -13,10 +13,10 @@ torch-free contract: the API imports it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kassay.contract.report_schema import report_schema, schema_json
 from kassay.contract.results import Report
 from kassay.reports.html import to_html
 from kassay.reports.junit import to_junit
@@ -75,9 +75,12 @@ def by_media_type(media: str) -> Format | None:
     return None
 
 
-def report_schema() -> dict:
-    return Report.model_json_schema()
-
-
-def schema_json() -> str:
-    return json.dumps(report_schema(), indent=2, sort_keys=True) + "\n"
+__all__ = [
+    "FORMATS",
+    "Format",
+    "by_media_type",
+    "get",
+    "render",
+    "report_schema",  # the schema lives in kassay.contract.report_schema; kept here for callers
+    "schema_json",
+]

@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 from grpc_status import rpc_status
 
-from kassay.contract.loopback import is_loopback
+from kassay.contract.addresses import is_loopback
 from kassay.errors import AuthError
 from kassay.worker.interceptor import SERVICE_PREFIX, rich_status
 
