@@ -93,7 +93,7 @@ def test_serve_exits_with_its_worker_and_executor(procs, sig) -> None:
 
 
 def _serve_args(tmp_path: Path, gpus: str) -> argparse.Namespace:
-    from kassay.api.cli import build_serve_parser
+    from kassay.cli.api import build_serve_parser
 
     return build_serve_parser().parse_args(
         ["--gpus", gpus, "--port", "0", "--data-dir", str(tmp_path / "data")]
@@ -110,7 +110,7 @@ def test_gpus_start_one_worker_per_gpu(tmp_path, monkeypatch) -> None:
     """--gpus all on a host with three GPUs (the enumeration answers three: the only fake) and
     --gpus 0,2: one worker process per GPU, each seeing only its own as cuda:0 on a port of its
     own, and the API dispatching to all of them."""
-    from kassay.api import cli
+    from kassay.cli import api as cli
 
     monkeypatch.setattr(cli, "visible_gpus", lambda env=None: ["0", "1", "2"])
     for spec, expected in (("all", ["0", "1", "2"]), ("0,2", ["0", "2"])):

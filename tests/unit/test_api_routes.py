@@ -377,7 +377,7 @@ def test_code_is_refused_unless_the_server_allows_it(tmp_path):
 
 
 def test_kassay_serve_allows_code_for_its_user_unless_told_not_to(tmp_path, monkeypatch):
-    from kassay.api import cli
+    from kassay.cli import api as cli
 
     def allow_code() -> bool:
         args = cli.build_serve_parser().parse_args(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kassay.api.cli import plan_gpus, visible_gpus
+from kassay.cli.api import plan_gpus, visible_gpus
 
 
 def test_visible_gpus_follow_cuda_visible_devices() -> None:

@@ -1,6 +1,6 @@
 """The process launcher of `kassay serve` and `kassay demo`: the best device, the GPUs a host
 offers and one local worker subprocess per device (`Embedded`), supervised and restarted, with
-the API's uvicorn server in this process. kassay.api.cli parses the commands and calls it."""
+the API's uvicorn server in this process. kassay.cli.api parses the commands and calls it."""
 
 from __future__ import annotations
 

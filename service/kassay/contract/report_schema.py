@@ -1,7 +1,7 @@
 """The report's JSON Schema (`kassay.report/v1`), as published in docs/report.schema.json.
 
-    python -m kassay.contract.report_schema           # write docs/report.schema.json
-    python -m kassay.contract.report_schema --check   # exit 1 if it is stale
+python -m kassay.contract.report_schema           # write docs/report.schema.json
+python -m kassay.contract.report_schema --check   # exit 1 if it is stale
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     text = schema_json()
     if "--check" in args:
         if not path.exists() or path.read_text() != text:
-            print(f"{path} is stale: run `python -m kassay.contract.report_schema`", file=sys.stderr)
+            print(
+                f"{path} is stale: run `python -m kassay.contract.report_schema`", file=sys.stderr
+            )
             return 1
         return 0
     path.write_text(text)

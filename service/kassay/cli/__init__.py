@@ -1,9 +1,11 @@
-"""The `kassay` command. Each area registers its own subcommands:
+"""The `kassay` command, one package (the top floor: it may import every area). Each module
+registers its own subcommands:
 
-- engine (this file and kassay.validate.cli): `run`, `selftest`
-- worker (kassay.worker.cli): `worker`
-- api (kassay.api.cli): `api`, `serve`, `demo`; (kassay.api.db_cli): `db upgrade|current`
-- client (kassay_client.cli): `submit`, `wait`, `report`, `compare`, `jobs`, `cancel`
+- local.py: `run`, `selftest` (the engine in this process)
+- worker.py: `worker`
+- api.py: `api`, `serve`, `demo`; db.py: `db upgrade|current`
+- the SDK's kassay_client.cli: `submit`, `wait`, `report`, `compare`, `jobs`, `cancel` (it
+  ships with the SDK, which imports no service module)
 
 Registration modules keep heavy imports (torch, grpc, fastapi) inside their command functions so
 that `kassay --help` and the client commands start fast.
@@ -18,10 +20,10 @@ import sys
 from collections.abc import Sequence
 
 _AREAS = (
-    "kassay.validate.cli",
-    "kassay.worker.cli",
-    "kassay.api.cli",
-    "kassay.api.db_cli",
+    "kassay.cli.local",
+    "kassay.cli.worker",
+    "kassay.cli.api",
+    "kassay.cli.db",
     "kassay_client.cli",
 )
 
@@ -79,7 +81,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             name = "KASSAY_" + "_".join(str(p) for p in err["loc"]).upper()
             print(f"kassay: bad setting {name}: {err['msg']}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
