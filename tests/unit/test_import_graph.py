@@ -1,11 +1,13 @@
 """The house has no import circles: kassay's modules form a DAG, counting every import, the
 lazy ones inside functions and those under TYPE_CHECKING too (a lazy import that only hides a
-circle is still one). Edges run one way: ops -> impls -> validate -> worker; the api reaches
-workers only through gRPC (kassay.contract.wire)."""
+circle is still one). And it has floors (FLOORS, the picture in the README's Layout section): a
+package imports only from floors below its own, never from one beside or above it; the api
+reaches workers only through gRPC (kassay.contract)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 SERVICE = Path(__file__).resolve().parents[2] / "service"
@@ -81,6 +83,79 @@ def _in(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
+#: the floors, ground first: a package may import from lower floors only (its own modules aside)
+FLOORS: dict[str, int] = {
+    # 0: leaves every process may use
+    "kassay": 0,  # the package itself: __version__
+    "kassay.errors": 0,
+    "kassay.logs": 0,
+    "kassay.ports": 0,
+    "kassay.static": 0,
+    "kassay.triton_mode": 0,
+    # 1: what crosses process boundaries (torch-free), and the kernels (a library of their own)
+    "kassay.contract": 1,
+    "kassay.artifacts": 1,
+    "kassay.kernels": 1,
+    # 2: the ops: contracts, inputs and references, their impls and the impl registry
+    "kassay.ops": 2,
+    # 3: what reads the ops: plugin-facing impl names, report renderers, settings
+    "kassay.impls": 3,
+    "kassay.reports": 3,
+    "kassay.settings": 3,
+    # 4: the engine
+    "kassay.validate": 4,
+    # 5: the two servers, which meet only in kassay.contract
+    "kassay.worker": 5,
+    "kassay.api": 5,
+    # 6: what users start: the command, the pytest plugin
+    "kassay.cli": 6,
+    "kassay.testing": 6,
+}
+
+#: arrows up that #43 has not yet removed (package -> package): shrink, never grow
+NOT_YET_DOWN = {("kassay.contract", "kassay.ops")}
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def _arrows_up(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
+    """(package, package it imports on its own floor or above) -> the module imports."""
+    up: dict[tuple[str, str], list[str]] = {}
+    for mod, deps in graph.items():
+        a = _package(mod)
+        for dep in deps:
+            b = _package(dep)
+            if a != b and FLOORS[b] >= FLOORS[a] and (a, b) not in NOT_YET_DOWN:
+                up.setdefault((a, b), []).append(f"{mod} -> {dep}")
+    return up
+
+
+def test_the_floor_check_finds_arrows_up_and_beside() -> None:
+    graph = {
+        "kassay.validate.engine": {"kassay.reports.html", "kassay.contract.results"},  # down
+        "kassay.reports.html": {"kassay.validate.engine"},  # up
+        "kassay.api.app": {"kassay.worker.keepalive", "kassay.api.pages"},  # beside; its own
+        "kassay.ops.flce": {"kassay.ops.registry", "kassay.kernels.flce"},  # its own; down
+    }
+    assert _arrows_up(graph) == {
+        ("kassay.reports", "kassay.validate"): ["kassay.reports.html -> kassay.validate.engine"],
+        ("kassay.api", "kassay.worker"): ["kassay.api.app -> kassay.worker.keepalive"],
+    }
+
+
+def test_every_arrow_points_down_a_floor() -> None:
+    graph = _graph()
+    unknown = sorted({_package(m) for m in graph} - set(FLOORS))
+    assert not unknown, f"give each new package a floor in FLOORS: {unknown}"
+    assert _arrows_up(graph) == {}
+    # the exceptions still exist (once gone, they leave the list)
+    for a, b in NOT_YET_DOWN:
+        assert any(_package(d) == b for m, ds in graph.items() if _package(m) == a for d in ds)
+
+
 def test_no_import_circles() -> None:
     assert _cycles(_graph()) == []
 
@@ -144,3 +219,14 @@ def test_the_registrys_old_path_still_imports_with_a_deprecation_warning() -> No
         "register from kassay.impls)",
         "same",
     ], out.stdout + out.stderr
+
+
+def test_the_readmes_picture_of_the_floors_is_the_tests() -> None:
+    readme = (SERVICE.parent / "README.md").read_text()
+    block = readme.split("## Layout", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    drawn: dict[str, int] = {}
+    for line in block.strip().splitlines():
+        # "N  name  name   what the floor holds": three spaces or more end the names
+        floor, names, _what = re.fullmatch(r"(\d)\s+(.*?)\s{3,}(.*)", line).groups()
+        drawn.update({"kassay." + name: int(floor) for name in names.split()})
+    assert drawn == {k: v for k, v in FLOORS.items() if k != "kassay"}

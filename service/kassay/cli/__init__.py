@@ -19,6 +19,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from kassay.triton_mode import ensure_triton_mode
+
 _AREAS = (
     "kassay.cli.local",
     "kassay.cli.worker",
@@ -41,17 +43,6 @@ def build_parser() -> argparse.ArgumentParser:
             continue  # an area whose extra is not installed offers no commands
         area.register(sub)
     return parser
-
-
-def ensure_triton_mode() -> None:
-    """Triton kernels run under the interpreter when no GPU is present; the variable must be set
-    before any kernel module is imported."""
-    if "TRITON_INTERPRET" in os.environ:
-        return
-    import shutil
-
-    if shutil.which("nvidia-smi") is None:
-        os.environ["TRITON_INTERPRET"] = "1"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -162,7 +162,7 @@ def assert_kernel(
 
 
 def _prepare() -> None:
-    from kassay.cli import ensure_triton_mode
+    from kassay.triton_mode import ensure_triton_mode
 
     ensure_triton_mode()  # before any Triton kernel module is imported
     load()

@@ -53,7 +53,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from kassay.cli import ensure_triton_mode
+    from kassay.triton_mode import ensure_triton_mode
 
     # before the test modules import their Triton kernels: without a GPU they run under
     # Triton's CPU interpreter, as in `kassay run` (TRITON_INTERPRET set by the user wins)
