@@ -11,6 +11,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 FINAL_STATES = frozenset({"finished", "cancelled"})
 
+#: a case's statuses, worst first: the order the summaries list them in. The SDK's copy of the
+#: server's list (kassay.contract.results.STATUSES; tests/unit/test_sdk_contract.py checks that
+#: they are the same), kept here so that the SDK never imports the service.
+STATUSES: tuple[str, ...] = (
+    "crashed",
+    "timeout",
+    "error",
+    "failed",
+    "unsupported",
+    "skipped",
+    "passed",
+)
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow")

@@ -23,6 +23,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
+from kassay_client.models import STATUSES
+
 if TYPE_CHECKING:
     from kassay_client.models import Report
 
@@ -88,19 +90,7 @@ def ci_log(report: Report, *, job_url: str, exit_code: int, max_lines: int = 60)
     if len(regressed) > max_lines:
         out.append(f"... {len(regressed) - max_lines} more regressions: see the report")
     s = report.summary
-    parts = [
-        f"{n} {k}"
-        for k, n in (
-            ("failed", s.failed),
-            ("error", s.error),
-            ("crashed", s.crashed),
-            ("timeout", s.timeout),
-            ("passed", s.passed),
-            ("unsupported", s.unsupported),
-            ("skipped", s.skipped),
-        )
-        if n
-    ]
+    parts = [f"{getattr(s, k, 0)} {k}" for k in STATUSES if getattr(s, k, 0)]
     if comp is not None:
         found = f"{len(regressed)} regression(s)" if regressed else "no regression"
         parts.append(f"{found} against {comp.to_name} {comp.to_job_id}")
@@ -163,22 +153,10 @@ def summary_table(report: Report, *, max_rows: int = 60) -> Any:
     from rich.markup import escape
     from rich.table import Table
 
-    order = {
-        "crashed": 0,
-        "timeout": 1,
-        "error": 2,
-        "failed": 3,
-        "unsupported": 4,
-        "skipped": 5,
-        "passed": 6,
-    }
-    cases = sorted(report.cases, key=lambda c: order.get(c.status, 9))
+    order = {k: i for i, k in enumerate(STATUSES)}
+    cases = sorted(report.cases, key=lambda c: order.get(c.status, len(order)))
     s = report.summary
-    caption = (
-        f"{s.total} cases: {s.passed} passed, {s.failed} failed, {s.error} error, "
-        f"{s.crashed} crashed, {s.timeout} timeout, {s.unsupported} unsupported, "
-        f"{s.skipped} skipped"
-    )
+    caption = f"{s.total} cases: " + ", ".join(f"{getattr(s, k, 0)} {k}" for k in STATUSES)
     checks = checks_line(s)
     if checks:
         caption += f"; {checks}"

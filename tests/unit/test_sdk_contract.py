@@ -243,3 +243,12 @@ def test_the_sdk_knows_every_report_format_of_the_registry() -> None:
     from kassay_client._base import REPORT_MEDIA
 
     assert {name: f.media_type for name, f in FORMATS.items()} == REPORT_MEDIA
+
+
+def test_the_sdks_statuses_are_the_servers() -> None:
+    from kassay.contract.results import STATUSES
+
+    assert sorted(models.STATUSES) == sorted(STATUSES)
+    assert models.STATUSES[-1] == "passed"  # worst first: the summaries list problems first
+    for model in (models.Progress, models.Summary):
+        assert set(STATUSES) <= set(model.model_fields), model.__name__
