@@ -143,10 +143,8 @@ def _server_args(p: argparse.ArgumentParser) -> None:
 
 def _wait_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=None, help="give up waiting after S s")
-    p.add_argument("--junit", metavar="FILE", help="write the JUnit XML report here")
-    p.add_argument("--markdown", metavar="FILE", help="write the Markdown report here")
-    p.add_argument("--json", metavar="FILE", help="write the JSON report here")
-    p.add_argument("--html", metavar="FILE", help="write the HTML report here (one file)")
+    for fmt in REPORT_MEDIA:  # --json, --junit, --markdown, --html: a file per format
+        p.add_argument(f"--{fmt}", metavar="FILE", help=f"write the {fmt} report here")
     p.add_argument("--quiet", action="store_true", help="no progress bar or progress lines")
     p.add_argument(
         "--cancel-on-timeout",
@@ -344,21 +342,10 @@ def _counts_text(counts: dict[str, int]) -> str:
     return " ".join(f"[{colors.get(k, 'white')}]{k} {v}[/]" for k, v in counts.items() if v)
 
 
-def write_reports(
-    client: Client,
-    job_id: str,
-    *,
-    junit: str | None = None,
-    markdown: str | None = None,
-    json_path: str | None = None,
-    html: str | None = None,
-) -> None:
-    for fmt, path in (
-        ("junit", junit),
-        ("markdown", markdown),
-        ("json", json_path),
-        ("html", html),
-    ):
+def write_reports(client: Client, job_id: str, paths: dict[str, str | None]) -> None:
+    """Each report format named in `paths` (format -> file; None: not asked for) written there."""
+    for fmt in REPORT_MEDIA:
+        path = paths.get(fmt)
         if not path:
             continue
         r = client.request("GET", f"/v1/jobs/{job_id}/report", params={"format": fmt})
@@ -399,14 +386,7 @@ def finish(client: Client, job: Job, args: argparse.Namespace) -> int:
     regressed = report.comparison is not None and report.comparison.regression
     if code == EXIT_PASSED and regressed and getattr(args, "fail_on_regression", False):
         code = EXIT_REGRESSION
-    write_reports(
-        client,
-        job.id,
-        junit=args.junit,
-        markdown=args.markdown,
-        json_path=args.json,
-        html=getattr(args, "html", None),
-    )
+    write_reports(client, job.id, {fmt: getattr(args, fmt, None) for fmt in REPORT_MEDIA})
     if report.comparison is None:
         _note_no_comparison(client, job.id)
     url = f"{client.base_url}/jobs/{job.id}"
@@ -470,7 +450,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
             f"{client.base_url}/jobs/{job.id}",
             file=sys.stderr,
         )
-        if not (args.wait or args.junit or args.markdown or args.json or args.html):
+        if not (args.wait or any(getattr(args, fmt, None) for fmt in REPORT_MEDIA)):
             print(job.id)
             return EXIT_PASSED
         return finish(client, job, args)
@@ -631,9 +611,7 @@ def submit_and_report(
         server=server,
         token=token,
         timeout=timeout,
-        junit=None,
-        markdown=None,
-        json=None,
+        **dict.fromkeys(REPORT_MEDIA),
         quiet=False,
     )
 

@@ -11,6 +11,13 @@ from kassay_client.summary import EXIT_ERROR as EXIT_ERRORS
 from kassay_client.summary import EXIT_FAILED, exit_code_of
 
 
+def _formats() -> list[str]:
+    """The report formats' names: kassay.reports.FORMATS, the one registry (torch-free)."""
+    from kassay.reports import FORMATS
+
+    return list(FORMATS)
+
+
 def register(sub: Any) -> None:
     p = sub.add_parser(
         "run",
@@ -21,10 +28,8 @@ def register(sub: Any) -> None:
     )
     p.add_argument("spec", help="job spec (YAML or JSON)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    p.add_argument("--json", dest="json_out", help="write the JSON report here")
-    p.add_argument("--junit", help="write JUnit XML here")
-    p.add_argument("--markdown", help="write the Markdown summary here")
-    p.add_argument("--html", help="write the HTML report here")
+    for fmt in _formats():  # --json, --junit, --markdown, --html: a file per format
+        p.add_argument(f"--{fmt}", metavar="FILE", help=f"write the {fmt} report here")
     p.add_argument("--max-cases", type=int, default=None)
     p.add_argument("--quiet", action="store_true", help="no per-case lines")
     p.set_defaults(func=_cmd_run)
@@ -97,12 +102,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc.message}")
         return EXIT_ERRORS
     written = []
-    for fmt, path in (
-        ("json", args.json_out),
-        ("junit", args.junit),
-        ("markdown", args.markdown),
-        ("html", args.html),
-    ):
+    for fmt in _formats():
+        path = getattr(args, fmt)
         if path:
             Path(path).write_text(reports.render(report, fmt))
             written.append(path)
