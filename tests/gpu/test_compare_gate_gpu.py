@@ -46,7 +46,7 @@ def _timing(monkeypatch, extra: float):
 
 
 def test_same_code_is_same_and_twenty_percent_slower_is_slower(monkeypatch) -> None:
-    from kassay.validate.compare import DEFAULT_THRESHOLD, speed_change
+    from kassay.validate.compare_reports import DEFAULT_THRESHOLD, speed_change
     from kassay.validate.median_ratio import DEFAULT_CONFIDENCE
 
     main = _timing(monkeypatch, 0.0)

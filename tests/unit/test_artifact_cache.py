@@ -14,7 +14,7 @@ import pytest
 from kassay.artifacts import inspect_artifact, sha256
 from kassay.errors import InvalidSpecError
 from kassay.worker.artifacts import ArtifactCache, ArtifactRefused, unmet_requirements
-from kassay.worker.channel import MAX_FRAME_BYTES, Channel, ProtocolError
+from kassay.worker.frames import MAX_FRAME_BYTES, Channel, ProtocolError
 
 WHEEL = "demo_kernels-0.1-py3-none-any.whl"
 

@@ -20,7 +20,7 @@ from kassay.contract.results import (
 )
 from kassay.errors import IncomparableError
 from kassay.reports.comparison_markdown import to_markdown
-from kassay.validate.compare import (
+from kassay.validate.compare_reports import (
     case_key,
     compare_reports,
     device_kind,

@@ -13,7 +13,7 @@ STDERR = """\
 Traceback (most recent call last):
   File "<frozen runpy>", line 189, in _run_module_as_main
   File "/srv/app/service/kassay/worker/impl_runner.py", line 41, in <module>
-    from kassay.worker.channel import Channel
+    from kassay.worker.frames import Channel
 PermissionError: [Errno 13] Permission denied: '{pkg}/__init__.py'
 During handling of the above exception, another exception occurred:
 RuntimeError: later

@@ -356,10 +356,10 @@ def test_artifacts_travel_with_their_groups() -> None:
 
 
 def test_results_cross_the_executor_pipe_whole() -> None:
-    """A sandboxed executor's results come back as JSON (kassay.worker.channel): every
+    """A sandboxed executor's results come back as JSON (kassay.worker.frames): every
     field of a result, the verdict flags, coverage note, timing samples and environment extras
     included, must survive it as it survives the wire."""
-    from kassay.worker.channel import Channel
+    from kassay.worker.frames import Channel
 
     r = _result(coverage="ragged sizes", flags=["nondeterministic"])
     assert r.timing is not None and r.environment is not None

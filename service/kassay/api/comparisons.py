@@ -19,7 +19,7 @@ from kassay.api.store import ACTIVE_STATES, JobRecord, Store
 from kassay.contract.comparison import Comparison
 from kassay.contract.results import Report
 from kassay.errors import IncomparableError, InvalidSpecError, NotFoundError
-from kassay.validate.compare import compare_reports, job_device_kinds
+from kassay.validate.compare_reports import compare_reports, job_device_kinds
 
 
 @dataclass(frozen=True)

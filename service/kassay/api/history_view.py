@@ -1,5 +1,5 @@
 """The history page's data: one case key's results over jobs (oldest first) as plot points, each
-judged against the point before it with the comparison's own rules (kassay.validate.compare):
+judged against the point before it with the comparison's own rules (kassay.validate.compare_reports):
 a newly failing status, a slowdown beyond the threshold whose confidence interval is above 1,
 an error grown beyond factor x + floor, more peak memory. Those points are regressions."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from kassay.contract.comparison import DEFAULT_THRESHOLD
 from kassay.contract.results import BAD_STATUSES, CaseResult, Report
-from kassay.validate.compare import (
+from kassay.validate.compare_reports import (
     accuracy_changes,
     case_key,
     job_device_kinds,

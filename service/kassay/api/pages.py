@@ -12,7 +12,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from kassay.api.auth import SESSION_COOKIE, may_read, reads_locked
 from kassay.contract.results import STATUSES
 from kassay.errors import AuthError
-from kassay.reports.text import e
+from kassay.reports.escaping import e
 from kassay.static import CHART_JS
 
 

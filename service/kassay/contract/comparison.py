@@ -1,6 +1,6 @@
 """The comparison of a job with an earlier one: what changed per case key (status, accuracy,
 speed, memory) and whether any change is a regression. These pydantic models are part of the
-report schema (Report.comparison); kassay.validate.compare builds them.
+report schema (Report.comparison); kassay.validate.compare_reports builds them.
 
 A case key is what makes two cases of different jobs the same case: op, impl, canonical params
 (the op's defaults filled in), regime, seed, dtype and the device kind (e.g. "NVIDIA H200").
@@ -31,7 +31,7 @@ class OutputChange(BaseModel):
 
 class SpeedChange(BaseModel):
     """new device median / old device median, with its confidence interval; host-normalised
-    on the CPU when both runs timed the same calibration (kassay.validate.compare)."""
+    on the CPU when both runs timed the same calibration (kassay.validate.compare_reports)."""
 
     clock: str
     before_ms: float
@@ -55,7 +55,7 @@ class SpeedChange(BaseModel):
     verdict: Literal["slower", "faster", "same", "not_comparable"] = Field(
         description="slower: ratio > 1 + threshold and the interval above 1; faster: the "
         "mirror; not_comparable: CPU timings whose interval spans more than the worker can "
-        "resolve (a busy host: kassay.validate.compare.NOT_COMPARABLE_SPREAD), or wall-clock "
+        "resolve (a busy host: kassay.validate.compare_reports.NOT_COMPARABLE_SPREAD), or wall-clock "
         "timings during which waiting for a CPU could make a change of the threshold's size "
         "or the one measured (TimingStats.cpu_pressure), never a regression"
     )

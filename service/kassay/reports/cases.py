@@ -4,8 +4,8 @@ how much, its worst output, its timing in a cell, the job's headline verdict."""
 from __future__ import annotations
 
 from kassay.contract.results import CaseResult, OutputMetrics, Report, Summary
-from kassay.reports.text import md as _md
-from kassay.reports.text import num
+from kassay.reports.escaping import md as _md
+from kassay.reports.escaping import num
 
 
 def status_text(c: CaseResult) -> str:

@@ -4,7 +4,7 @@ asks for one. Regressions first, then every other change; unchanged keys are cou
 from __future__ import annotations
 
 from kassay.contract.comparison import CaseComparison, Comparison
-from kassay.reports.text import e, num
+from kassay.reports.escaping import e, num
 
 
 def _params(c: CaseComparison) -> str:

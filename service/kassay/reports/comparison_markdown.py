@@ -4,7 +4,7 @@ what JUnit gets (a regression is a failed testcase with the numbers in its messa
 from __future__ import annotations
 
 from kassay.contract.comparison import CaseComparison, Comparison
-from kassay.reports.text import md as _md
+from kassay.reports.escaping import md as _md
 
 MAX_ROWS = 50
 

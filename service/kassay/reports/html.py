@@ -29,7 +29,7 @@ from kassay.contract.results import (
 from kassay.reports import convergence
 from kassay.reports.cases import failed_limits
 from kassay.reports.comparison_html import comparison_html
-from kassay.reports.text import _finite, e, json_for_script, num
+from kassay.reports.escaping import _finite, e, json_for_script, num
 
 #: table order: failures first, then what ran, then what did not
 STATUS_RANK = {s: i for i, s in enumerate((*BAD_STATUSES, "passed", *NOT_JUDGED))}

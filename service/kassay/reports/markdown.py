@@ -18,7 +18,7 @@ from kassay.reports.cases import (
     what_broke,
 )
 from kassay.reports.comparison_markdown import to_markdown as comparison_markdown
-from kassay.reports.text import md as _md
+from kassay.reports.escaping import md as _md
 
 
 def to_markdown(report: Report) -> str:

@@ -8,7 +8,7 @@ interval (99% CI 1.9-2.8) under two busy processes on 2 cores. The paired host c
 not cancel it either (a single-threaded workload suffers less than a case on every core). PSI
 measures the cause: over a window of W seconds in which tasks waited S seconds, the case waited
 at most S, so its wall time was inflated by at most 1 / (1 - S/W). The comparison between jobs
-(kassay.validate.compare) widens its interval by that factor, so a busy host reads "not
+(kassay.validate.compare_reports) widens its interval by that factor, so a busy host reads "not
 comparable" rather than "slower" or "same", while a change larger than what the wait can
 explain is still called.
 

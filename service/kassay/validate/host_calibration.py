@@ -7,7 +7,7 @@ ratio of two jobs' medians then confuses the host with the code (bench/README.md
 noise"). The timing loop on the CPU runs this workload right after each repetition of the case
 and records its time beside the case's (`TimingStats.calibration_ms`); the paired ratio
 case / calibration moves with the code, not with the host, and the comparison
-(kassay.validate.compare) takes the ratio of those when both jobs carry the same calibration.
+(kassay.validate.compare_reports) takes the ratio of those when both jobs carry the same calibration.
 
 The workload is fixed (nothing in it depends on the case, so two jobs measure the same thing):
 two float32 matmuls (256 x 256) and an exp and a row sum over 256 x 1024, about 0.8 ms on one

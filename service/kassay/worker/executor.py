@@ -50,7 +50,7 @@ import time
 import traceback
 from typing import Any
 
-from kassay.worker.channel import Channel
+from kassay.worker.frames import Channel
 
 POISONED_EXIT_CODE = 3
 FATAL_EXIT_CODE = 2

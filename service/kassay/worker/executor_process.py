@@ -1,6 +1,6 @@
 """The executor process as the supervisor holds it: start-up of `python -m kassay.worker.executor`
 on a device, the framed messages over its pipes (length-prefixed JSON, see
-kassay.worker.channel), its stderr (forwarded, and its last lines kept for crash
+kassay.worker.frames), its stderr (forwarded, and its last lines kept for crash
 reports), and its end (asked to exit, or killed with everything it started).
 
 A message that breaks the protocol (not JSON, too large) counts as the executor's death: it is
@@ -21,8 +21,8 @@ from collections import deque
 from typing import Any
 
 from kassay.contract.spec import GroupSpec
-from kassay.worker.channel import Channel, ProtocolError
 from kassay.worker.executor import wants_interpreter
+from kassay.worker.frames import Channel, ProtocolError
 
 STDERR_TAIL_LINES = 30
 

@@ -15,7 +15,7 @@ process.
 It also times the call here (the engine's timing loop: device time on CUDA) and measures its
 peak memory: figures from the sandbox, labelled so in every report.
 
-Messages over stdin/stdout (kassay.worker.channel), executor -> runner:
+Messages over stdin/stdout (kassay.worker.frames), executor -> runner:
     {"type": "call", "op", "impl", "params": dict, "transport": "files" | "cuda-ipc",
      "inputs": {name: header}, "timing": TimingPolicy dump | null, "capture_key": str}
     {"type": "exit"}
@@ -39,13 +39,13 @@ import time
 import traceback
 from typing import Any
 
-from kassay.worker.channel import Channel
 from kassay.worker.executor import (
     FATAL_EXIT_CODE,
     _die_with_parent,
     load_artifacts,
     wants_interpreter,
 )
+from kassay.worker.frames import Channel
 
 
 class Runner:

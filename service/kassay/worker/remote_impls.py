@@ -6,7 +6,7 @@ artifacts it starts one impl runner (kassay.worker.impl_runner) inside the sandb
 (kassay.worker.sandbox), which loads the artifacts and serves every group of that run; each
 artifact impl the runner reports becomes a proxy (kind `artifact`, `Impl.remote`), registered
 for the length of one group (kassay.ops.registry.scoped), so the engine asks the runner for
-that impl's outputs, timing and memory and judges what comes back. Only JSON (kassay.worker.channel) and raw tensors
+that impl's outputs, timing and memory and judges what comes back. Only JSON (kassay.worker.frames) and raw tensors
 cross: nothing the runner sends is executed or unpickled
 here, and nothing it does can reach this process's engine, registry or torch.
 
@@ -32,7 +32,7 @@ import torch
 
 from kassay.ops.registry import Impl, RemoteRun
 from kassay.worker import cuda_ipc
-from kassay.worker.channel import Channel, ProtocolError
+from kassay.worker.frames import Channel, ProtocolError
 from kassay.worker.tensor_exchange import (
     TRANSPORT_ERRORS,
     CudaIpcExchange,

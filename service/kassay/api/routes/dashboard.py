@@ -27,6 +27,7 @@ from kassay.api.store import ACTIVE_STATES, JobRecord
 from kassay.errors import KassayError
 from kassay.reports import FORMATS
 from kassay.reports.comparison_html import comparison_html
+from kassay.reports.escaping import e, json_for_script
 from kassay.reports.html import (
     COUNTED,
     counts_line,
@@ -35,8 +36,7 @@ from kassay.reports.html import (
     regressions_list,
     suite_sections,
 )
-from kassay.reports.text import e, json_for_script
-from kassay.validate.compare import job_device_kinds
+from kassay.validate.compare_reports import job_device_kinds
 
 router = APIRouter(include_in_schema=False)
 

@@ -23,7 +23,7 @@ from kassay.api.auth import (
 )
 from kassay.api.pages import page
 from kassay.errors import NotFoundError
-from kassay.reports.text import e
+from kassay.reports.escaping import e
 from kassay.static import MEDIA_TYPES, asset
 
 router = APIRouter(include_in_schema=False)

@@ -14,7 +14,7 @@ from kassay.api.store.jobs import JobRecord, label_filters
 from kassay.api.store.tables import case_keys, cases, comparisons, jobs
 from kassay.contract.comparison import Comparison
 from kassay.contract.results import CaseResult
-from kassay.validate.compare import case_key, device_kind, key_parts
+from kassay.validate.compare_reports import case_key, device_kind, key_parts
 
 #: how many of the newest jobs with a name and labels a comparison looks through for one on the
 #: same device kind

@@ -7,7 +7,7 @@ so an unfinished case is a row whose status is NULL.
 
 Every change to these tables needs an Alembic revision (kassay/api/store/migrations/versions; a test
 fails while they disagree): databases are created and upgraded by `kassay db upgrade`, never by
-create_all. History: `case_keys` indexes every case result by its case key (kassay.validate.compare)
+create_all. History: `case_keys` indexes every case result by its case key (kassay.validate.compare_reports)
 for the series of one case over jobs; `comparisons` records the verdict of a job whose spec
 asks for a comparison (compare_to).
 """
