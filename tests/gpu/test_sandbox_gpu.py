@@ -46,8 +46,8 @@ def impls():
 def test_a_triton_artifact_runs_sandboxed_on_cuda(tmp_path: Path) -> None:
     from kassay.artifacts import sha256
     from kassay.contract.spec import GroupSpec
+    from kassay.worker.active_group import RunHandle
     from kassay.worker.artifacts import ArtifactCache
-    from kassay.worker.group_run import RunHandle
     from kassay.worker.sandbox import SandboxConfig
     from kassay.worker.supervisor import Supervisor
 

@@ -58,7 +58,7 @@ RUNNER_LINGER_S = 30.0
 
 
 class JobRun(Protocol):
-    """What leases need of a run (kassay.worker.group_run.RunHandle)."""
+    """What leases need of a run (kassay.worker.active_group.RunHandle)."""
 
     run_id: str
     job_id: str

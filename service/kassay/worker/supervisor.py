@@ -10,7 +10,7 @@ executor is restarted); draining on shutdown lets the running case finish. Eithe
 that did not run are handed back as not run.
 
 The executor process and its messages are kassay.worker.executor_process; the steps that follow
-one group's cases on it are kassay.worker.group_run. A group that names artifacts runs on the
+one group's cases on it are kassay.worker.active_group. A group that names artifacts runs on the
 same executor, whose sandboxed impl runner for the run (kassay.worker.remote_impls) gets what
 the run's lease holds (kassay.worker.runner_leases: the artifacts installed from the cache, a
 working directory and a user of its own); the lease ends with the run.
@@ -29,6 +29,7 @@ from typing import Any
 from kassay.contract.results import Environment
 from kassay.contract.spec import GroupSpec
 from kassay.errors import ConflictError, WorkerUnavailableError
+from kassay.worker.active_group import ActiveGroup, QueuedGroup, RunHandle, RunSink
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.executor_process import (
     ExecutorProcess,
@@ -37,7 +38,6 @@ from kassay.worker.executor_process import (
     describe_exit,
     summarize_stderr,
 )
-from kassay.worker.group_run import GroupRun, QueuedGroup, RunHandle, RunSink
 from kassay.worker.runner_leases import RUNNER_LINGER_S, RunnerLeases
 from kassay.worker.sandbox import Capabilities, SandboxConfig
 
@@ -103,7 +103,7 @@ class Supervisor:
         self._idle = asyncio.Event()
         self._idle.set()
         self._loop_task: asyncio.Task[None] | None = None
-        self._active: GroupRun | None = None
+        self._active: ActiveGroup | None = None
 
     # ---------------------------------------------------------------------------- lifecycle
 
@@ -376,7 +376,7 @@ class Supervisor:
                 if reason is not None:
                     self._hand_back(item, reason)
                 else:
-                    self._active = GroupRun(self, item)
+                    self._active = ActiveGroup(self, item)
                     self._finish_active(await self._active.execute())
             except asyncio.CancelledError:
                 self._finish_active("worker shutting down")

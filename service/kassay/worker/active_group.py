@@ -1,6 +1,6 @@
 """One input group on the executor, case by case.
 
-The supervisor hands a queued group to a `GroupRun`, which sends the impls not yet run to the
+The supervisor hands a queued group to an `ActiveGroup`, which sends the impls not yet run to the
 executor and follows its messages: a case starts, a case's result arrives, the group fails as a
 whole, the group is done. What the executor cannot report is reported here: a case that outlives
 its timeout (`timeout`), an executor that dies (`crashed`, with its exit and its last stderr
@@ -98,7 +98,7 @@ class QueuedGroup:
     group: GroupSpec
 
 
-class GroupRun:
+class ActiveGroup:
     """The group on the executor now: its progress (results sent, impls left) and the steps that
     follow each case."""
 
