@@ -399,7 +399,7 @@ def expand(
         refused: list[tuple[dict[str, Any], str, InvalidSpecError]] = []
         for point in _grid(suite.params):
             try:
-                params = op.parse_params(point).model_dump()
+                parsed = op.parse_params(point)
             except ValidationError as exc:
                 err = spec_error(exc, ("suites", si, "params"))
                 shown = json.dumps(point, default=str)
@@ -410,8 +410,8 @@ def expand(
                     raise err from None
                 refused.append((point, _combination_reason(exc), err))
                 continue
+            params = parsed.model_dump()  # the one validation of this point in the API
             points.append(params)
-            parsed = op.parse_params(params)
             for regime in regimes:
                 if suite.regimes is None and not op.default_regime_ok(parsed, regime):
                     continue
