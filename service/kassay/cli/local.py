@@ -7,15 +7,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# the report formats' names: the SDK's tested mirror of kassay.reports.FORMATS, already loaded
+# by the client commands (the registry itself would add its renderers to every start-up)
+from kassay_client._base import REPORT_MEDIA
 from kassay_client.summary import EXIT_ERROR as EXIT_ERRORS
 from kassay_client.summary import EXIT_FAILED, exit_code_of
-
-
-def _formats() -> list[str]:
-    """The report formats' names: kassay.reports.FORMATS, the one registry (torch-free)."""
-    from kassay.reports import FORMATS
-
-    return list(FORMATS)
 
 
 def register(sub: Any) -> None:
@@ -28,7 +24,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("spec", help="job spec (YAML or JSON)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    for fmt in _formats():  # --json, --junit, --markdown, --html: a file per format
+    for fmt in REPORT_MEDIA:  # --json, --junit, --markdown, --html: a file per format
         p.add_argument(f"--{fmt}", metavar="FILE", help=f"write the {fmt} report here")
     p.add_argument("--max-cases", type=int, default=None)
     p.add_argument("--quiet", action="store_true", help="no per-case lines")
@@ -102,7 +98,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         console.print(f"[red]error:[/red] {exc.message}")
         return EXIT_ERRORS
     written = []
-    for fmt in _formats():
+    for fmt in REPORT_MEDIA:
         path = getattr(args, fmt)
         if path:
             Path(path).write_text(reports.render(report, fmt))

@@ -528,7 +528,7 @@ def _forward_cols(xc, w, cols, needs, x_dtype, cfg) -> int:
     v = w.shape[0]
     cs = xc.element_size()
     grads = (v * h * w.element_size() if need_gw else 0) + (
-        n * h * torch.empty((), dtype=x_dtype).element_size() if need_gx else 0
+        n * h * x_dtype.itemsize if need_gx else 0
     )
     per_col = n * cs + (h * cs if w.dtype != xc.dtype else 0)
     wide = min(int(cfg.vocab_forward_max_cols), v, (cols * n * cs + grads) // per_col)

@@ -172,7 +172,7 @@ def vocab_forward(
 def tail_rows(n: int, h: int, v: int, cols: int, gw_dtype: torch.dtype) -> int:
     """Rows R of grad_weight that hold the float32 grad_x accumulator (0: it is allocated on its
     own, when grad_weight has no room for it before its last panel)."""
-    es = torch.empty((), dtype=gw_dtype).element_size()
+    es = gw_dtype.itemsize
     r = -(-4 * n // es)
     if ((v - r) * h * es) % 4:  # the float32 view must start 4-byte aligned
         r += 1
@@ -181,8 +181,8 @@ def tail_rows(n: int, h: int, v: int, cols: int, gw_dtype: torch.dtype) -> int:
 
 def scratch_rows(n: int, h: int, cols: int, cdt: torch.dtype, gw_dtype: torch.dtype) -> int:
     """Rows of grad_weight whose bytes hold one [N, cols] panel in the compute dtype."""
-    es = torch.empty((), dtype=gw_dtype).element_size()
-    cs = torch.empty((), dtype=cdt).element_size()
+    es = gw_dtype.itemsize
+    cs = cdt.itemsize
     return -(-n * cols * cs // (h * es))
 
 
@@ -346,8 +346,8 @@ def inplace_cols(
     panels are as wide or grad_weight has no room (its scratch and the accumulator's R rows
     must leave at least one panel before them). Capped so that the scratch takes at most N/2
     rows: the rows from the scratch on are walked twice (their logits recomputed once more)."""
-    es = torch.empty((), dtype=gw_dtype).element_size()
-    cs = torch.empty((), dtype=cdt).element_size()
+    es = gw_dtype.itemsize
+    cs = cdt.itemsize
     c = min(int(cfg.vocab_inplace_cols), v, max(1, (h * es) // (2 * cs)))
     if c >= 256:
         c -= c % 128
@@ -358,8 +358,8 @@ def inplace_cols(
 
 def _fitting_cols(q: int, n: int, h: int, cdt: torch.dtype, gw_dtype: torch.dtype) -> int:
     """The widest panel c with c + scratch_rows(c) <= q."""
-    es = torch.empty((), dtype=gw_dtype).element_size()
-    cs = torch.empty((), dtype=cdt).element_size()
+    es = gw_dtype.itemsize
+    cs = cdt.itemsize
     c = (q * h * es) // (h * es + n * cs)
     while c > 0 and c + scratch_rows(n, h, c, cdt, gw_dtype) > q:
         c -= 1

@@ -245,7 +245,7 @@ def plan_call(
     es = x.element_size()
     cdt = _autocast_dtype(x.device.type)
     if cdt is not None:
-        es = torch.empty((), dtype=cdt).element_size()
+        es = cdt.itemsize
     return plan_schedule(
         n, x.shape[-1], weight.shape[0], es, _resolve_budget(memory_budget_bytes, cfg, x.device),
         schedule=cfg.schedule, grads=grads, per_row=reduction == "none",
