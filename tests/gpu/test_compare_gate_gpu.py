@@ -17,8 +17,9 @@ RUNS = 5
 
 
 def _timing(monkeypatch, extra: float):
-    from kassay.contract.spec import JobSpec, expand
+    from kassay.contract.spec import JobSpec
     from kassay.impls.testing import EXTRA_PASS_ENV
+    from kassay.ops.expand import expand
     from kassay.validate.engine import run_group
     from kassay.validate.local import local_impl_check
 

@@ -73,7 +73,8 @@ def test_bf16_large_logits_are_explicit_and_the_baseline_is_explained() -> None:
     (its bf16 logits), so a suite that lists no regimes still skips the regime for 16-bit flce;
     asked for explicitly, torch's error is explained by the reference on bf16-rounded logits:
     not suspect, its message gives both errors, and kassay is judged by the explained rules."""
-    from kassay.contract.spec import expand, parse_spec
+    from kassay.contract.spec import parse_spec
+    from kassay.ops.expand import expand
 
     p = {"N": 1024, "H": 512, "V": 8000, "dtype": "bfloat16"}
     plain = expand(

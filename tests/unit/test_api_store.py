@@ -12,8 +12,9 @@ import pytest
 from kassay.api.store import JOB_STATES, Store, body_hash
 from kassay.api.store.migrate import upgrade
 from kassay.contract.results import CaseResult
-from kassay.contract.spec import expand, parse_spec
+from kassay.contract.spec import parse_spec
 from kassay.errors import ConflictError
+from kassay.ops.expand import expand
 
 SPEC = {
     "name": "store-test",

@@ -11,8 +11,9 @@ import math
 import pytest
 import torch
 
-from kassay.contract.spec import ConvergencePolicy, expand, parse_spec
+from kassay.contract.spec import ConvergencePolicy, parse_spec
 from kassay.errors import InvalidSpecError
+from kassay.ops.expand import expand
 from kassay.validate.convergence import stats
 from kassay.validate.convergence.data import Language
 

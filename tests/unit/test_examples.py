@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from kassay.cli import build_parser
-from kassay.contract.spec import expand, parse_spec
+from kassay.contract.spec import parse_spec
+from kassay.ops.expand import expand
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

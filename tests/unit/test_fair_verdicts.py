@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 import torch
 
-from kassay.contract.spec import GroupSpec, JobSpec, Suite, TimingPolicy, expand
+from kassay.contract.spec import GroupSpec, JobSpec, Suite, TimingPolicy
 from kassay.errors import CaseLimitError, InvalidSpecError
 from kassay.impls import Impl, get_impl, load, register
+from kassay.ops.expand import expand
 from kassay.validate import interpreter
 from kassay.validate.engine import run_group
 from kassay.validate.local import run_job

@@ -112,10 +112,6 @@ FLOORS: dict[str, int] = {
     "kassay.testing": 6,
 }
 
-#: arrows up that #43 has not yet removed (package -> package): shrink, never grow
-NOT_YET_DOWN = {("kassay.contract", "kassay.ops")}
-
-
 def _package(module: str) -> str:
     parts = module.split(".")
     return ".".join(parts[:2])
@@ -128,7 +124,7 @@ def _arrows_up(graph: dict[str, set[str]]) -> dict[tuple[str, str], list[str]]:
         a = _package(mod)
         for dep in deps:
             b = _package(dep)
-            if a != b and FLOORS[b] >= FLOORS[a] and (a, b) not in NOT_YET_DOWN:
+            if a != b and FLOORS[b] >= FLOORS[a]:
                 up.setdefault((a, b), []).append(f"{mod} -> {dep}")
     return up
 
@@ -150,10 +146,7 @@ def test_every_arrow_points_down_a_floor() -> None:
     graph = _graph()
     unknown = sorted({_package(m) for m in graph} - set(FLOORS))
     assert not unknown, f"give each new package a floor in FLOORS: {unknown}"
-    assert _arrows_up(graph) == {}
-    # the exceptions still exist (once gone, they leave the list)
-    for a, b in NOT_YET_DOWN:
-        assert any(_package(d) == b for m, ds in graph.items() if _package(m) == a for d in ds)
+    assert _arrows_up(graph) == {}  # no exceptions: every arrow points down
 
 
 def test_no_import_circles() -> None:
@@ -173,15 +166,10 @@ def test_the_layers_point_one_way() -> None:
             above = {d for d in deps if d.startswith(("kassay.worker", "kassay.impls"))}
             assert not above, (mod, above)
         if mod.startswith("kassay.contract"):
-            # the ground floor: itself and the error types, plus the models not yet moved down
-            # (#43: they shrink, never grow)
+            # the ground floor: itself and the error types, nothing else of kassay's (an op's
+            # params model reaches the codec as an argument, kassay.contract.wire.ParamsModel)
             up = {d for d in deps if not _in(d, "kassay.contract")} - {"kassay.errors"}
-            assert up <= CONTRACT_NOT_YET_DOWN, (mod, up - CONTRACT_NOT_YET_DOWN)
-
-
-#: modules the contract still reads from a floor above: the job spec models its codec encodes,
-#: and the op registry it reads an op's params model from (torch-free, but it loads plugins)
-CONTRACT_NOT_YET_DOWN = {"kassay.contract.spec", "kassay.ops"}
+            assert not up, (mod, up)
 
 
 def test_the_contract_imports_no_torch() -> None:

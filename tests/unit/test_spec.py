@@ -2,8 +2,9 @@
 
 import pytest
 
-from kassay.contract.spec import count_cases, expand, parse_spec
+from kassay.contract.spec import parse_spec
 from kassay.errors import CaseLimitError, InvalidSpecError, UnknownImplError, UnknownOpError
+from kassay.ops.expand import count_cases, expand
 from kassay.validate.local import local_impl_check
 
 SPEC = """

@@ -20,9 +20,11 @@ from kassay.contract.results import (
     TimingStats,
     WorstEntry,
 )
-from kassay.contract.spec import GroupSpec, TimingPolicy, TolerancePolicy, expand, parse_spec
+from kassay.contract.spec import GroupSpec, TimingPolicy, TolerancePolicy, parse_spec
 from kassay.contract.v1 import worker_pb2 as pb
 from kassay.errors import InvalidSpecError
+from kassay.ops import params_model
+from kassay.ops.expand import expand
 from kassay.ops.lse_merge import LseMergeParams
 
 
@@ -98,9 +100,10 @@ def test_group_round_trip_is_lossless() -> None:
         msg = convert.group_to_proto(g)
         wire = pb.GroupSpec.FromString(msg.SerializeToString())
         assert json.loads(wire.params_json) == g.params
-        back = convert.group_from_proto(wire)
+        back = convert.group_from_proto(wire, params_model=params_model)  # the worker's edge
         assert back == g
         assert back.model_dump() == g.model_dump()
+        assert convert.group_from_proto(wire) == g  # as sent
 
 
 def test_params_travel_as_data_with_none_as_null() -> None:
@@ -119,7 +122,7 @@ def _lse_group(**params: Any) -> pb.GroupSpec:
 
 
 def test_absent_fields_take_the_pydantic_defaults() -> None:
-    g = convert.group_from_proto(_lse_group())
+    g = convert.group_from_proto(_lse_group(), params_model=params_model)
     assert g.params == LseMergeParams(T=8, Hh=2, D=4).model_dump()
     assert g.regime == "normal" and g.baseline == "torch"
     assert g.tolerance == TolerancePolicy() and g.timing == TimingPolicy()
@@ -152,17 +155,23 @@ def test_invalid_groups_name_the_field(mutate: Any, loc: list[Any]) -> None:
     msg = _lse_group()
     mutate(msg)
     with pytest.raises(InvalidSpecError) as err:
-        convert.groups_from_proto([msg])
+        convert.groups_from_proto([msg], params_model=params_model)
     locs = [e["loc"] for e in err.value.details["errors"]]
     assert loc in locs, locs
 
 
-def test_params_with_unknown_keys_or_ops_are_refused() -> None:
+def test_params_with_unknown_keys_or_ops_are_refused_at_the_workers_edge() -> None:
+    """The encoder trusts its sender's validated dump; the edge that runs the params (the
+    worker's decode, given the ops' models) refuses what the op's model refuses."""
     g = _groups()[0]
+    bogus = convert.group_to_proto(g.model_copy(update={"params": {**g.params, "bogus": 1}}))
     with pytest.raises(InvalidSpecError, match=r"params\.bogus: Extra inputs"):
-        convert.group_to_proto(g.model_copy(update={"params": {**g.params, "bogus": 1}}))
+        convert.group_from_proto(bogus, params_model=params_model)
+    nope = convert.group_to_proto(g.model_copy(update={"op": "nope"}))
     with pytest.raises(InvalidSpecError, match="unknown op"):
-        convert.group_to_proto(g.model_copy(update={"op": "nope"}))
+        convert.group_from_proto(nope, params_model=params_model)
+    # without the models (a trusted sender's results) the params come back as sent
+    assert convert.group_from_proto(bogus).params["bogus"] == 1
 
 
 def _result(**kw: Any) -> CaseResult:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kassay.api.store import JobRecord, Store, body_hash
-from kassay.contract.spec import GroupSpec, JobSpec, expand, parse_spec
+from kassay.contract.spec import GroupSpec, JobSpec, parse_spec
 from kassay.errors import (
     InvalidSpecError,
     KassayError,
@@ -22,6 +22,7 @@ from kassay.errors import (
     UnknownImplError,
     did_you_mean,
 )
+from kassay.ops.expand import expand
 from kassay.settings import Settings
 from kassay.validate.case_result import case_dtype
 

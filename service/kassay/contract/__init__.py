@@ -4,7 +4,8 @@ torch.
   v1/          the generated protobuf/gRPC stubs of the worker contract (protos/kassay/contract/
                v1/worker.proto; `make protos` regenerates them, `protogen.py`)
   spec.py      the job spec language: JobSpec (what a user posts), Suite, GroupSpec (what a worker
-               runs), the policies, parse_spec and expand (grids -> groups)
+               runs), the policies and parse_spec (expanding grids into groups needs the op
+               contracts: kassay.ops.expand, a floor up)
   documents.py reading a JSON or YAML document strictly (the spec's and a suite file's)
   results.py   what a case and a job come to: Status, CaseResult, Summary, Report (the
                `kassay.report/v1` JSON schema), and the statuses' one list

@@ -5,12 +5,13 @@ The protobuf messages mirror the pydantic models field for field, so most of the
 (walk the message descriptor). Conventions:
 
 - A pydantic None is an absent `optional` field (or an absent sub-message), and back.
-- Op params and the tolerance/timing policies are read back through their pydantic models: a
-  field the sender left out takes the model's default, and invalid values fail here with the
-  field path (InvalidSpecError, which the worker maps to INVALID_ARGUMENT). A validated params
-  dump round-trips exactly.
-- An op's params travel as data: a JSON object (`params_json`) read back through the params
-  model of the op `op` names (kassay.ops: built-in or plugin), so a new op needs no proto change.
+- The tolerance/timing policies are read back through their pydantic models: a field the sender
+  left out takes the model's default, and invalid values fail here with the field path
+  (InvalidSpecError, which the worker maps to INVALID_ARGUMENT).
+- An op's params travel as data: a JSON object (`params_json`), so a new op needs no proto
+  change. The worker's edge reads them back through the params model of the op `op` names
+  (`params_model`, the caller's: kassay.ops is a floor above); a validated dump round-trips
+  exactly.
 - Environment extras (the model allows them) travel as JSON text in `extra`.
 
 Importing this module is cheap and imports no torch (op contracts are torch-free).
@@ -19,7 +20,7 @@ Importing this module is cheap and imports no torch (op contracts are torch-free
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from google.protobuf.message import Message
@@ -112,26 +113,33 @@ def _validate(model: type[BaseModel], data: dict[str, Any], loc: Loc) -> Any:
 # ------------------------------------------------------------------------------------ params
 
 
-def set_params(msg: Message, op: str, params: Mapping[str, Any], loc: Loc = ()) -> None:
-    """Put an op's params dict into msg's `params_json` (GroupSpec or CaseResult)."""
-    from kassay.ops import get_op
-
-    model = get_op(op).params_model  # UnknownOpError naming the known ops
-    checked = _validate(model, dict(params), (*loc, "params"))
-    msg.params_json = json.dumps(checked.model_dump(), sort_keys=True)  # type: ignore[attr-defined]
+#: the params model of an op by name (kassay.ops: `get_op(op).params_model`), raising
+#: InvalidSpecError (UnknownOpError) for an op it does not know. The codec takes it from its
+#: caller: the contract is the floor below the ops and imports none of them.
+ParamsModel = Callable[[str], type[BaseModel]]
 
 
-def get_params(msg: Message, op: str, loc: Loc = ()) -> dict[str, Any]:
-    """The validated params dump of op `op` from msg's `params_json`."""
-    from kassay.ops import get_op
+def set_params(msg: Message, params: Mapping[str, Any]) -> None:
+    """Put an op's params into msg's `params_json` (GroupSpec or CaseResult). The params are a
+    validated dump already (the API's admission, the engine's case): the encoder checks nothing
+    (the receiving edge does, `get_params`)."""
+    msg.params_json = json.dumps(dict(params), sort_keys=True)  # type: ignore[attr-defined]
 
+
+def get_params(
+    msg: Message, op: str, loc: Loc = (), params_model: ParamsModel | None = None
+) -> dict[str, Any]:
+    """msg's `params_json` as a dict: through op `op`'s params model when `params_model` is
+    given (an edge that runs them: defaults filled in, bad values refused naming the field),
+    else as the JSON object it is (a result from a trusted worker)."""
     raw = _json_object(msg.params_json, (*loc, "params_json"))  # type: ignore[attr-defined]
     if raw is None:
         raise _invalid((*loc, "params_json"), "missing: the op's params as a JSON object")
     if not op:
         raise _invalid((*loc, "op"), "must name the op")
-    model = get_op(op).params_model
-    params = _validate(model, raw, (*loc, "params"))
+    if params_model is None:
+        return raw
+    params = _validate(params_model(op), raw, (*loc, "params"))
     return dict(params.model_dump())
 
 
@@ -152,7 +160,7 @@ def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
         artifacts=list(group.artifacts),
         skip=group.skip,
     )
-    set_params(msg, group.op, group.params)
+    set_params(msg, group.params)
     if group.convergence is not None:
         msg.convergence = group.convergence.model_dump_json()
     fill(msg.tolerance, group.tolerance.model_dump(), ("tolerance",))
@@ -160,9 +168,12 @@ def group_to_proto(group: GroupSpec) -> pb.GroupSpec:
     return msg
 
 
-def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
-    """kassay.v1.GroupSpec -> GroupSpec, validating params and policies (InvalidSpecError with
-    the field path under `loc` on a bad value)."""
+def group_from_proto(
+    msg: pb.GroupSpec, loc: Loc = (), *, params_model: ParamsModel | None = None
+) -> GroupSpec:
+    """kassay.v1.GroupSpec -> GroupSpec, validating the policies, and the params through
+    `params_model` when given (the worker's edge gives it: InvalidSpecError with the field path
+    under `loc` on a bad value)."""
     if not msg.group_id:
         raise _invalid((*loc, "group_id"), "must not be empty")
     if not msg.impls:
@@ -170,7 +181,7 @@ def group_from_proto(msg: pb.GroupSpec, loc: Loc = ()) -> GroupSpec:
     if msg.skip:
         raise _invalid((*loc, "skip"), f"a skipped grid point is never run ({msg.skip})")
     op = msg.op
-    params = get_params(msg, op, loc)
+    params = get_params(msg, op, loc, params_model)
     tolerance = (
         _validate(TolerancePolicy, read(msg.tolerance, omit_absent=True), (*loc, "tolerance"))
         if msg.HasField("tolerance")
@@ -215,8 +226,12 @@ def _json_object(text: str, loc: Loc) -> dict[str, Any] | None:
     return obj
 
 
-def groups_from_proto(msgs: Sequence[pb.GroupSpec]) -> list[GroupSpec]:
-    return [group_from_proto(m, ("groups", i)) for i, m in enumerate(msgs)]
+def groups_from_proto(
+    msgs: Sequence[pb.GroupSpec], *, params_model: ParamsModel | None = None
+) -> list[GroupSpec]:
+    return [
+        group_from_proto(m, ("groups", i), params_model=params_model) for i, m in enumerate(msgs)
+    ]
 
 
 # ------------------------------------------------------------------------------- environment
@@ -253,7 +268,7 @@ def result_to_proto(result: CaseResult, msg: pb.CaseResult | None = None) -> pb.
     msg = pb.CaseResult() if msg is None else msg
     data = result.model_dump(exclude=set(_RESULT_SPECIAL))
     fill(msg, data)
-    set_params(msg, result.op, result.params)
+    set_params(msg, result.params)
     if result.environment is not None:
         environment_to_proto(result.environment, msg.environment)
     if result.convergence is not None:
@@ -262,7 +277,7 @@ def result_to_proto(result: CaseResult, msg: pb.CaseResult | None = None) -> pb.
 
 
 def result_from_proto(msg: pb.CaseResult) -> CaseResult:
-    """kassay.v1.CaseResult -> CaseResult."""
+    """kassay.v1.CaseResult -> CaseResult (its params as the worker's engine dumped them)."""
     data = read(msg)
     for key in ("params_json", *_RESULT_SPECIAL):
         data.pop(key, None)
@@ -282,6 +297,7 @@ __all__ = [
     "group_from_proto",
     "group_to_proto",
     "groups_from_proto",
+    "ParamsModel",
     "read",
     "result_from_proto",
     "result_to_proto",

@@ -88,4 +88,10 @@ def get_op(name: str) -> Op:
         ) from None
 
 
-__all__ = ["Op", "OpParams", "OutputSpec", "all_ops", "get_op", "op_names"]
+def params_model(name: str) -> type[OpParams]:
+    """Op `name`'s params model (UnknownOpError naming the known ops): what the wire codec's
+    edges read params through (kassay.contract.wire.ParamsModel)."""
+    return get_op(name).params_model
+
+
+__all__ = ["Op", "OpParams", "OutputSpec", "all_ops", "get_op", "op_names", "params_model"]

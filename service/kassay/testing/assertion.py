@@ -1,6 +1,6 @@
 """assert_kernel, cases and parametrize (the public surface is kassay.testing's docstring).
 
-The grid is expanded by the job spec's own expansion (kassay.contract.spec.expand) and each case
+The grid is expanded by the job spec's own expansion (kassay.ops.expand) and each case
 run by the engine's run_group: there is no second judge here, only the translation of a
 CaseResult into an assertion."""
 
@@ -19,9 +19,9 @@ from kassay.contract.spec import (
     Suite,
     TimingPolicy,
     TolerancePolicy,
-    expand,
 )
 from kassay.ops import get_op
+from kassay.ops.expand import expand
 from kassay.ops.registry import Impl, get_impl, load, scoped
 from kassay.testing.session import SESSION
 

@@ -6,8 +6,9 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 
 from kassay.contract.results import CaseResult, Report, Summary, named
-from kassay.contract.spec import DEFAULT_MAX_CASES, ImplCheck, JobSpec, expand
+from kassay.contract.spec import DEFAULT_MAX_CASES, JobSpec
 from kassay.errors import InvalidSpecError
+from kassay.ops.expand import ImplCheck, expand
 from kassay.validate.case_result import case_result
 from kassay.validate.engine import run_group
 from kassay.validate.env import environment, resolve_device

@@ -21,15 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kassay.contract.results import BAD_STATUSES, NOT_JUDGED, CaseResult
-from kassay.contract.spec import (
-    GroupSpec,
-    JobSpec,
-    Suite,
-    TimingPolicy,
-    expand,
-)
+from kassay.contract.spec import GroupSpec, JobSpec, Suite, TimingPolicy
 from kassay.impls import get_impl, list_impls, load
 from kassay.ops import all_ops, get_op
+from kassay.ops.expand import expand
 from kassay.ops.probes import CORRECT, Probe
 from kassay.validate.engine import run_group
 from kassay.validate.env import resolve_device

@@ -49,6 +49,7 @@ from kassay.errors import (
     UnknownImplError,
     WorkerUnavailableError,
 )
+from kassay.ops import params_model
 from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
 from kassay.worker.artifacts import ArtifactCache
 from kassay.worker.interceptor import ErrorInterceptor
@@ -362,7 +363,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         if self.draining:
             raise WorkerUnavailableError("the worker is shutting down")
         self._limits(request)
-        groups = self._within_budget(convert.groups_from_proto(request.groups))
+        groups = convert.groups_from_proto(request.groups, params_model=params_model)
+        groups = self._within_budget(groups)
         # Mutants only where this worker offers them; a caller cannot switch them on.
         include_mutants = request.include_mutants and self.config.enable_mutants
         await self.sup.wait_ready(self.config.start_timeout_s)
