@@ -80,7 +80,8 @@ def _caught(cases: list[Any]) -> bool:
 
 
 def _run_spec(spec: Any, device: str) -> list[Any]:
-    from kassay.contract.spec import expand, local_impl_check
+    from kassay.contract.spec import local_impl_check
+    from kassay.ops.expand import expand
     from kassay.validate.engine import run_group
 
     groups = expand(spec, check_impl=local_impl_check(include_mutants=True))
