@@ -4,7 +4,7 @@ import pytest
 
 from kassay.contract.spec import parse_spec
 from kassay.errors import CaseLimitError, InvalidSpecError, UnknownImplError, UnknownOpError
-from kassay.ops.expand import count_cases, expand
+from kassay.ops.expand import count_cases, expand, expand_parsed
 from kassay.validate.local import local_impl_check
 
 SPEC = """
@@ -35,6 +35,29 @@ def test_grid_expands_cartesian_product() -> None:
     assert groups[0].case_ids()[0].endswith(":torch")
     # defaults of the op are filled in
     assert groups[0].params["mode"] == "merge" and groups[0].params["lse_layout"] == "hT"
+
+
+def test_expansion_keeps_each_run_groups_parsed_params() -> None:
+    """Admission prices groups with the params expansion parsed (no second parse): every run
+    group has them, grid, coverage and convergence alike, and they are what the group carries."""
+    text = SPEC.replace("coverage: none", "coverage: standard")
+    text += """  - op: flce
+    impls: [torch]
+    params: {N: 16, H: 8, V: 32, dtype: [float32, bfloat16], autocast: float16}
+  - op: lse_merge
+    impls: [torch]
+    params: {}
+    convergence: {steps: 4, seeds: 2}
+"""
+    spec = parse_spec(text)
+    got = expand_parsed(spec)
+    assert got.groups == expand(spec)
+    run = [g for g in got.groups if not g.skip]
+    assert any(g.coverage for g in run) and any(g.convergence for g in run)
+    assert any(g.skip for g in got.groups)  # autocast float16 of bfloat16: refused, skipped
+    assert set(got.params) == {g.group_id for g in run}
+    for g in run:
+        assert got.params[g.group_id].model_dump() == g.params
 
 
 def test_group_ids_are_stable() -> None:

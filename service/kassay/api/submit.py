@@ -22,7 +22,7 @@ from kassay.errors import (
     UnknownImplError,
     did_you_mean,
 )
-from kassay.ops.expand import expand
+from kassay.ops.expand import Expansion, expand_parsed
 from kassay.settings import Settings
 from kassay.validate.case_result import case_dtype
 
@@ -105,20 +105,20 @@ def _check_impls(spec: JobSpec, workers: WorkerCatalog) -> None:
                 )
 
 
-def _estimates(group_specs: list[GroupSpec]) -> tuple[dict[str, str], int, GroupSpec | None]:
+def _estimates(expansion: Expansion) -> tuple[dict[str, str], int, GroupSpec | None]:
     """Per-group case dtype, and the largest per-group device-memory estimate (op contracts
-    only: no torch)."""
+    only: no torch), from the params expansion parsed."""
     from kassay.ops import get_op
 
     dtypes: dict[str, str] = {}
     worst = 0
     worst_group: GroupSpec | None = None
-    for g in group_specs:
+    for g in expansion.groups:
         if g.skip:  # never runs: named by the dtype it was written with
             dtypes[g.group_id] = case_dtype(g.op, g.params)
             continue
         op = get_op(g.op)
-        params = op.parse_params(g.params)
+        params = expansion.params[g.group_id]
         dtypes[g.group_id] = op.case_dtype(params)
         need = int(op.estimate_device_bytes(params))
         if need > worst:
@@ -147,8 +147,9 @@ def admit(
     if spec.artifacts:
         _check_artifacts(spec, store, workers, code_denial)
     _check_impls(spec, workers)
-    group_specs = expand(spec, max_cases=settings.max_cases)
-    dtypes, need, worst = _estimates(group_specs)
+    expansion = expand_parsed(spec, max_cases=settings.max_cases)
+    group_specs = expansion.groups
+    dtypes, need, worst = _estimates(expansion)
     capacity = workers.max_memory()
     if capacity is not None and worst is not None and need > capacity:
         raise ResourceError(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,7 +28,7 @@ from kassay.contract.spec import (
     spec_error,
 )
 from kassay.errors import CaseLimitError, InvalidSpecError
-from kassay.ops import get_op
+from kassay.ops import OpParams, get_op
 
 
 def _grid(params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -71,6 +72,15 @@ def count_cases(spec: JobSpec) -> int:
 ImplCheck = Callable[[str, str], None]
 
 
+@dataclass(frozen=True)
+class Expansion:
+    """A spec's groups, and each run group's params as its op's model parsed them (skipped
+    groups have none): admission prices the groups with these instead of parsing again."""
+
+    groups: list[GroupSpec]
+    params: dict[str, OpParams]
+
+
 def expand(
     spec: JobSpec,
     *,
@@ -83,6 +93,17 @@ def expand(
     Raises InvalidSpecError (unknown op/impl/regime, invalid params with the grid point named)
     or CaseLimitError when the job has more cases than min(max_cases, spec.max_cases).
     Imports no torch unless `check_impl` does."""
+    return expand_parsed(spec, max_cases=max_cases, check_impl=check_impl).groups
+
+
+def expand_parsed(
+    spec: JobSpec,
+    *,
+    max_cases: int = DEFAULT_MAX_CASES,
+    check_impl: ImplCheck | None = None,
+) -> Expansion:
+    """`expand`, keeping the parsed params of every group it runs."""
+    parsed: dict[str, OpParams] = {}
     cap = min(max_cases, spec.max_cases or max_cases)
     n = count_cases(spec)
     # the grid is bounded before it is expanded (combinations the op refuses do not count
@@ -108,7 +129,7 @@ def expand(
                 exc.details["loc"] = ["suites", si, "impls"]
                 raise
         if suite.convergence is not None:
-            groups += _convergence_groups(op, suite, si, artifacts=list(spec.artifacts))
+            groups += _convergence_groups(op, suite, si, parsed, artifacts=list(spec.artifacts))
             continue
         regimes = suite_regimes(suite)
         for regime in regimes:
@@ -121,7 +142,7 @@ def expand(
         refused: list[tuple[dict[str, Any], str, InvalidSpecError]] = []
         for point in _grid(suite.params):
             try:
-                parsed = op.parse_params(point)
+                parsed_point = op.parse_params(point)
             except ValidationError as exc:
                 err = spec_error(exc, ("suites", si, "params"))
                 shown = json.dumps(point, default=str)
@@ -132,15 +153,15 @@ def expand(
                     raise err from None
                 refused.append((point, _combination_reason(exc), err))
                 continue
-            params = parsed.model_dump()  # the one validation of this point in the API
+            params = parsed_point.model_dump()  # the one validation of this point in the API
             points.append(params)
             for regime in regimes:
-                if suite.regimes is None and not op.default_regime_ok(parsed, regime):
+                if suite.regimes is None and not op.default_regime_ok(parsed_point, regime):
                     continue
                 for seed in suite.seeds:
-                    groups.append(
-                        _group(op.name, suite, si, params, regime, seed, artifacts=spec.artifacts)
-                    )
+                    g = _group(op.name, suite, si, params, regime, seed, artifacts=spec.artifacts)
+                    parsed[g.group_id] = parsed_point
+                    groups.append(g)
         if refused and not points:
             # no point of the grid is valid: that is a mistake, not a mix
             raise refused[0][2]
@@ -148,7 +169,7 @@ def expand(
             groups.append(_skipped_group(op.name, suite, si, point, regimes[0], reason))
         if suite.coverage == "standard":
             groups += _coverage_groups(
-                op, suite, si, points, regimes, groups, artifacts=list(spec.artifacts)
+                op, suite, si, points, regimes, groups, parsed, artifacts=list(spec.artifacts)
             )
     n_run = sum(len(g.impls) for g in groups if not g.skip)
     n_cov = sum(len(g.impls) for g in groups if g.coverage)
@@ -162,7 +183,7 @@ def expand(
     ids = [g.group_id for g in groups]
     if len(set(ids)) != len(ids):
         raise InvalidSpecError("the grid repeats a point (same params, regime and seed twice)")
-    return groups
+    return Expansion(groups, parsed)
 
 
 #: a grid may list up to this many times the case cap before expansion: the combinations an op
@@ -170,7 +191,9 @@ def expand(
 GRID_SLACK = 16
 
 
-def _convergence_groups(op: Any, suite: Suite, si: int, *, artifacts: list[str]) -> list[GroupSpec]:
+def _convergence_groups(
+    op: Any, suite: Suite, si: int, parsed: dict[str, OpParams], *, artifacts: list[str]
+) -> list[GroupSpec]:
     """One group per point of a convergence suite's options: the op's params the model calls it
     with (Op.convergence_params), its impls trained in one executor (matched seeds)."""
     policy = suite.convergence
@@ -180,7 +203,8 @@ def _convergence_groups(op: Any, suite: Suite, si: int, *, artifacts: list[str])
     for point in _grid(suite.params):
         try:
             full = op.convergence_params(policy.shape(), point)
-            params = op.parse_params(full).model_dump()
+            point_params = op.parse_params(full)
+            params = point_params.model_dump()
         except ValueError as exc:
             if isinstance(exc, ValidationError):
                 raise spec_error(exc, ("suites", si, "params")) from None
@@ -203,6 +227,7 @@ def _convergence_groups(op: Any, suite: Suite, si: int, *, artifacts: list[str])
                 convergence=policy,
             )
         )
+        parsed[out[-1].group_id] = point_params
     return out
 
 
@@ -272,6 +297,7 @@ def _coverage_groups(
     points: list[dict[str, Any]],
     regimes: list[str],
     existing: list[GroupSpec],
+    parsed: dict[str, OpParams],
     *,
     artifacts: list[str],
 ) -> list[GroupSpec]:
@@ -283,12 +309,12 @@ def _coverage_groups(
     out = []
     for raw, regime, note in op.coverage(points, regimes):
         try:
-            parsed = op.parse_params(raw)
+            point = op.parse_params(raw)
         except ValidationError:
             continue  # an edge point this op's params reject (e.g. ignore_index inside V)
-        if regime not in regimes and not op.default_regime_ok(parsed, regime):
+        if regime not in regimes and not op.default_regime_ok(point, regime):
             continue
-        params = parsed.model_dump()
+        params = point.model_dump()
         key = (json.dumps(params, sort_keys=True), regime)
         if key in seen:
             continue
@@ -306,4 +332,5 @@ def _coverage_groups(
                 artifacts=artifacts,
             )
         )
+        parsed[out[-1].group_id] = point
     return out
