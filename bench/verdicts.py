@@ -303,7 +303,7 @@ def wall(spec_path: str, device: str) -> dict[str, Any]:
 
 
 def main() -> None:
-    # as the worker's executors run (kassay.worker.executor_process): before CUDA starts
+    # as the worker's executors run (kassay.worker.server.executor_process): before CUDA starts
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="auto")

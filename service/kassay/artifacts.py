@@ -1,6 +1,6 @@
 """Artifacts: the code a job brings (a wheel, or a single-module .py file), named by the sha256 of
 its bytes. This module reads one without running it (no import, no torch), for the API (refuse
-what cannot work, at upload) and the worker (install it, kassay.worker.artifacts).
+what cannot work, at upload) and the worker (install it, kassay.worker.server.artifact_cache).
 
 A wheel provides impls through its `kassay.impls` entry points, exactly as an installed plugin
 does. A module `name.py` must define a top-level `impls` (a callable returning an Impl or a

@@ -1,5 +1,5 @@
-"""CUDA IPC between the trusted executor and the impl runner (kassay.worker.cuda_ipc,
-kassay.worker.tensor_exchange): tensors cross bit for bit in both directions without host
+"""CUDA IPC between the trusted executor and the impl runner (kassay.worker.exchange.cuda_ipc,
+kassay.worker.exchange.transports): tensors cross bit for bit in both directions without host
 memory; what the borrower writes into lent inputs never reaches the lender's tensors; a header
 pointing past the lent memory is refused before it is read; and an artifact on a CUDA worker
 runs through IPC inside the sandbox (its results say `tensor_transport: cuda-ipc`)."""
@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: a header past the end, and frees its own loan once the parent says it has taken it
 CHILD = r"""
 import json, sys, torch
-from kassay.worker import cuda_ipc
-from kassay.worker.tensor_exchange import CudaIpcExchange
+from kassay.worker.exchange import cuda_ipc
+from kassay.worker.exchange.transports import CudaIpcExchange
 dev = torch.device("cuda:0")
 ex = CudaIpcExchange(dev)
 headers = json.loads(sys.stdin.readline())
@@ -59,8 +59,8 @@ def _env() -> dict[str, str]:
 
 
 def test_tensors_cross_by_cuda_ipc_both_ways() -> None:
-    from kassay.worker import cuda_ipc
-    from kassay.worker.tensor_exchange import CudaIpcExchange
+    from kassay.worker.exchange import cuda_ipc
+    from kassay.worker.exchange.transports import CudaIpcExchange
 
     dev = torch.device("cuda:0")
     assert cuda_ipc.available(dev) == ""
@@ -118,8 +118,8 @@ def _artifact_on_cuda(tmp_path: Path) -> None:
     from kassay.impls import load
     from kassay.ops.registry import scoped
     from kassay.validate.engine import run_group
-    from kassay.worker.remote_impls import RemoteImpls
-    from kassay.worker.sandbox import SandboxConfig, probe
+    from kassay.worker.executor.remote_impls import RemoteImpls
+    from kassay.worker.runner.sandbox import SandboxConfig, probe
 
     module = tmp_path / "art" / "kassay_scribble_gpu.py"
     module.parent.mkdir()

@@ -46,10 +46,10 @@ def impls():
 def test_a_triton_artifact_runs_sandboxed_on_cuda(tmp_path: Path) -> None:
     from kassay.artifacts import sha256
     from kassay.contract.spec import GroupSpec
-    from kassay.worker.active_group import RunHandle
-    from kassay.worker.artifacts import ArtifactCache
-    from kassay.worker.sandbox import SandboxConfig
-    from kassay.worker.supervisor import Supervisor
+    from kassay.worker.runner.sandbox import SandboxConfig
+    from kassay.worker.server.active_group import RunHandle
+    from kassay.worker.server.artifact_cache import ArtifactCache
+    from kassay.worker.server.supervisor import Supervisor
 
     data = (MODULE.read_text() + MODULE_IMPLS).encode()
     digest = sha256(data)

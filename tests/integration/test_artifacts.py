@@ -442,7 +442,7 @@ def test_each_job_gets_a_fresh_working_directory_removed_when_it_ends(
     (first, _), (second, _) = seen["first"][0], seen["second"][0]
     assert first != second, "two jobs shared a working directory"
     assert not Path(first).exists() and not Path(second).exists(), "a working directory lived on"
-    # nor their tensor exchange folders in shared memory (kassay.worker.sandbox.exchange_dir)
+    # nor their tensor exchange folders in shared memory (kassay.worker.runner.sandbox.exchange_dir)
     exchanges = set(shm.glob("kassay-sandbox-*")) if shm.is_dir() else set()
     assert exchanges <= exchanges_before, exchanges - exchanges_before
 
@@ -643,7 +643,7 @@ def test_code_a_job_brings_cannot_touch_a_verdict(code_stack: CodeStack) -> None
 def test_an_impl_writing_into_its_inputs_changes_no_other_impls_inputs(
     code_stack: CodeStack,
 ) -> None:
-    """Inputs are lent afresh for every call (kassay.worker.tensor_exchange): garbage one impl
+    """Inputs are lent afresh for every call (kassay.worker.exchange.transports): garbage one impl
     writes into them in place never reaches the next impl. Its own second run (the determinism
     check) sees it, so the scribbler fails: impls must not modify their inputs."""
     module = code_stack.tmp / "kassay_scribble.py"

@@ -13,8 +13,8 @@ import pytest
 
 from kassay.artifacts import inspect_artifact, sha256
 from kassay.errors import InvalidSpecError
-from kassay.worker.artifacts import ArtifactCache, ArtifactRefused, unmet_requirements
 from kassay.worker.frames import MAX_FRAME_BYTES, Channel, ProtocolError
+from kassay.worker.server.artifact_cache import ArtifactCache, ArtifactRefused, unmet_requirements
 
 WHEEL = "demo_kernels-0.1-py3-none-any.whl"
 
@@ -121,7 +121,7 @@ def test_artifact_impls_load_as_plugins_do_but_take_no_taken_name(tmp_path: Path
     folder; one that would take a built-in's name, and an entry point that raises, are left out
     and reported, and the built-in stays what it was."""
     from kassay.ops import registry
-    from kassay.worker.executor import load_artifacts
+    from kassay.worker.executor.main import load_artifacts
 
     registry.load(plugins=False)
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))

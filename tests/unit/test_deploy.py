@@ -20,7 +20,7 @@ from fake_nvml import FakeNvml
 from kassay.api.metrics import ApiMetrics
 from kassay.contract.addresses import parse_entry
 from kassay.settings import Settings
-from kassay.worker.metrics import WorkerMetrics
+from kassay.worker.server.metrics import WorkerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"

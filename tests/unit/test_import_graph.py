@@ -112,6 +112,7 @@ FLOORS: dict[str, int] = {
     "kassay.testing": 6,
 }
 
+
 def _package(module: str) -> str:
     parts = module.split(".")
     return ".".join(parts[:2])

@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kassay.worker.remote_impls import exception_line, short_path
-from kassay.worker.sandbox import installed_code, python_readable
+from kassay.worker.executor.remote_impls import exception_line, short_path
+from kassay.worker.runner.sandbox import installed_code, python_readable
 
 STDERR = """\
 Traceback (most recent call last):
   File "<frozen runpy>", line 189, in _run_module_as_main
-  File "/srv/app/service/kassay/worker/impl_runner.py", line 41, in <module>
+  File "/srv/app/service/kassay/worker/runner/main.py", line 41, in <module>
     from kassay.worker.frames import Channel
 PermissionError: [Errno 13] Permission denied: '{pkg}/__init__.py'
 During handling of the above exception, another exception occurred:

@@ -1,4 +1,4 @@
-"""What a command started through the sandbox launcher (`python -m kassay.worker.sandbox`, as the
+"""What a command started through the sandbox launcher (`python -m kassay.worker.runner.sandbox`, as the
 worker starts a sandboxed executor) gets: the resource limits (CPU time, open files, processes),
 a scrubbed environment whose HOME and TMPDIR are its working directory, and that directory as its
 cwd; and what Describe says about a host that cannot isolate the network."""
@@ -13,9 +13,9 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from kassay.worker.sandbox import Capabilities, SandboxConfig
+from kassay.worker.runner.sandbox import Capabilities, SandboxConfig
 
-_LAUNCHER = (sys.executable, "-m", "kassay.worker.sandbox")
+_LAUNCHER = (sys.executable, "-m", "kassay.worker.runner.sandbox")
 
 #: prints what the sandboxed process sees, then opens files until it may not
 _PROBE = """

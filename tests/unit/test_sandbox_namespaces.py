@@ -12,10 +12,10 @@ from dataclasses import asdict
 
 import pytest
 
-from kassay.worker.sandbox import Capabilities, SandboxConfig, probe
-from kassay.worker.supervisor import Supervisor
+from kassay.worker.runner.sandbox import Capabilities, SandboxConfig, probe
+from kassay.worker.server.supervisor import Supervisor
 
-_LAUNCHER = (sys.executable, "-m", "kassay.worker.sandbox")
+_LAUNCHER = (sys.executable, "-m", "kassay.worker.runner.sandbox")
 _NSPID = "print([ln for ln in open('/proc/self/status') if ln.startswith('NSpid')][0].split()[1:])"
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-from kassay.worker.runner_leases import RunnerLease, RunnerLeases
-from kassay.worker.sandbox import SandboxConfig
+from kassay.worker.runner.sandbox import SandboxConfig
+from kassay.worker.server.runner_leases import RunnerLease, RunnerLeases
 
 
 class _Cache:

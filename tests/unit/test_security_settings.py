@@ -15,7 +15,7 @@ from kassay.settings import Settings
 
 pytest.importorskip("grpc")
 
-from kassay.worker.access import bearer_ok, exposure_problem, is_loopback
+from kassay.worker.server.access import bearer_ok, exposure_problem, is_loopback
 
 READ, WRITE = "read-token-1", "write-token-1"
 LOCKED_PATHS = ["/metrics", "/docs", "/redoc", "/openapi.json", "/v1/workers", "/v1/jobs"]

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kassay.worker import sandbox
-from kassay.worker.tensor_exchange import FileExchange
-from kassay.worker.tensor_files import TensorFileError
+from kassay.worker.exchange.tensor_files import TensorFileError
+from kassay.worker.exchange.transports import FileExchange
+from kassay.worker.runner import sandbox
 
 CPU = torch.device("cpu")
 

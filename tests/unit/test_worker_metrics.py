@@ -8,7 +8,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kassay.contract.results import CaseResult
-from kassay.worker.metrics import WorkerMetrics
+from kassay.worker.server.metrics import WorkerMetrics
 
 
 def samples(m: WorkerMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

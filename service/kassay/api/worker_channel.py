@@ -12,7 +12,7 @@ an insecure channel (it will not put a secret on a link it cannot protect):
   client-streaming PutArtifact) add the same metadata to every call. The token then travels in clear text, so
   the API warns when a plaintext worker address is not a loopback one.
 
-The worker checks the header the same way either way (kassay.worker.access).
+The worker checks the header the same way either way (kassay.worker.server.access).
 """
 
 from __future__ import annotations

@@ -88,8 +88,8 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from kassay.logs import configure
 
     configure(logging.INFO, settings.log_format)
-    from kassay.worker.sandbox import SandboxConfig
-    from kassay.worker.server import WorkerConfig, serve
+    from kassay.worker.runner.sandbox import SandboxConfig
+    from kassay.worker.server.service import WorkerConfig, serve
 
     artifact_dir = settings.artifact_dir or settings.data_dir / "artifacts"
     config = WorkerConfig(

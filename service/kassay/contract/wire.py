@@ -1,5 +1,5 @@
 """pydantic <-> protobuf conversion for the kassay.v1 worker contract: the one wire module, used
-by the API (kassay.api.dispatch) and the worker (kassay.worker.server) alike.
+by the API (kassay.api.dispatch) and the worker (kassay.worker.server.service) alike.
 
 The protobuf messages mirror the pydantic models field for field, so most of the work is generic
 (walk the message descriptor). Conventions:
@@ -290,6 +290,7 @@ def result_from_proto(msg: pb.CaseResult) -> CaseResult:
 
 
 __all__ = [
+    "ParamsModel",
     "environment_from_proto",
     "environment_to_proto",
     "fill",
@@ -297,7 +298,6 @@ __all__ = [
     "group_from_proto",
     "group_to_proto",
     "groups_from_proto",
-    "ParamsModel",
     "read",
     "result_from_proto",
     "result_to_proto",

@@ -7,7 +7,7 @@ when `load()` imports each op's impl modules (`Op.impl_modules`, in the op's fol
 list of them). Mutants (the self-test's known-bug corpus) and test-only impls (crash, hang, raise)
 live in the same registry under their own kinds and are hidden unless asked for. Impls of a job's
 artifacts (kind "artifact") are registered in the sandboxed impl runner that loaded them
-(kassay.worker.executor.load_artifacts), and in the trusted executor as proxies for the length
+(kassay.worker.executor.main.load_artifacts), and in the trusted executor as proxies for the length
 of one group (`scoped`).
 """
 
@@ -82,7 +82,7 @@ class Impl:
     bug: str | None = None
     exposes: tuple[str, ...] = field(default=())  # selftest: regimes that expose a mutant
     nondeterministic: bool = False
-    #: set for an impl whose code runs in another process (kassay.worker.remote_impls): the
+    #: set for an impl whose code runs in another process (kassay.worker.executor.remote_impls): the
     #: engine asks it for outputs, timing and memory instead of calling `run`
     remote: RemoteFn | None = None
 

@@ -1,7 +1,7 @@
 """The sandbox of artifact code: how a worker starts the executor that loads a job's artifacts.
 
-    python -m kassay.worker.sandbox --config JSON -- PYTHON -m kassay.worker.executor ...
-    python -m kassay.worker.sandbox --probe          (prints what this host allows, as JSON)
+    python -m kassay.worker.runner.sandbox --config JSON -- PYTHON -m kassay.worker.executor.main ...
+    python -m kassay.worker.runner.sandbox --probe          (prints what this host allows, as JSON)
 
 Only the standard library is used (ctypes for the Linux calls); nothing here imports torch.
 
@@ -650,7 +650,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in args:
         i = args.index("--")
         args, command = args[:i], args[i + 1 :]
-    parser = argparse.ArgumentParser(prog="python -m kassay.worker.sandbox")
+    parser = argparse.ArgumentParser(prog="python -m kassay.worker.runner.sandbox")
     parser.add_argument("--config", help="SandboxConfig as JSON")
     parser.add_argument("--probe", action="store_true", help="print what this host allows")
     opts = parser.parse_args(args)

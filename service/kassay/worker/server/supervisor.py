@@ -9,10 +9,10 @@ recomputes inputs and reference). Cancelling a run stops its running case at onc
 executor is restarted); draining on shutdown lets the running case finish. Either way the cases
 that did not run are handed back as not run.
 
-The executor process and its messages are kassay.worker.executor_process; the steps that follow
-one group's cases on it are kassay.worker.active_group. A group that names artifacts runs on the
-same executor, whose sandboxed impl runner for the run (kassay.worker.remote_impls) gets what
-the run's lease holds (kassay.worker.runner_leases: the artifacts installed from the cache, a
+The executor process and its messages are kassay.worker.server.executor_process; the steps that follow
+one group's cases on it are kassay.worker.server.active_group. A group that names artifacts runs on the
+same executor, whose sandboxed impl runner for the run (kassay.worker.executor.remote_impls) gets what
+the run's lease holds (kassay.worker.server.runner_leases: the artifacts installed from the cache, a
 working directory and a user of its own); the lease ends with the run.
 """
 
@@ -29,17 +29,17 @@ from typing import Any
 from kassay.contract.results import Environment
 from kassay.contract.spec import GroupSpec
 from kassay.errors import ConflictError, WorkerUnavailableError
-from kassay.worker.active_group import ActiveGroup, QueuedGroup, RunHandle, RunSink
-from kassay.worker.artifacts import ArtifactCache
-from kassay.worker.executor_process import (
+from kassay.worker.runner.sandbox import Capabilities, SandboxConfig
+from kassay.worker.server.active_group import ActiveGroup, QueuedGroup, RunHandle, RunSink
+from kassay.worker.server.artifact_cache import ArtifactCache
+from kassay.worker.server.executor_process import (
     ExecutorProcess,
     ExecutorStartError,
     State,
     describe_exit,
     summarize_stderr,
 )
-from kassay.worker.runner_leases import RUNNER_LINGER_S, RunnerLeases
-from kassay.worker.sandbox import Capabilities, SandboxConfig
+from kassay.worker.server.runner_leases import RUNNER_LINGER_S, RunnerLeases
 
 log = logging.getLogger(__name__)
 
@@ -413,7 +413,7 @@ async def probe_sandbox() -> Capabilities:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kassay.worker.sandbox",
+        "kassay.worker.runner.sandbox",
         "--probe",
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

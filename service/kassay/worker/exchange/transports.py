@@ -2,10 +2,10 @@
 
 Two transports with one interface, named in every call so both sides agree:
 - `cuda-ipc` (a GPU worker): the sender copies its tensors into a dedicated device allocation
-  and sends its IPC handle (kassay.worker.cuda_ipc); no trip through host memory.
+  and sends its IPC handle (kassay.worker.exchange.cuda_ipc); no trip through host memory.
 - `files` (a CPU worker, or a GPU one where IPC is refused): raw files in the exchange folder,
-  shared memory (/dev/shm) where it has room (kassay.worker.sandbox.exchange_dir); the runner
-  maps its inputs copy-on-write (kassay.worker.tensor_files).
+  shared memory (/dev/shm) where it has room (kassay.worker.runner.sandbox.exchange_dir); the runner
+  maps its inputs copy-on-write (kassay.worker.exchange.tensor_files).
 
 Either way the trusted side lends fresh copies of the inputs for every call (an impl that writes
 into its inputs changes nothing another impl sees) and takes copies of the outputs it judges
@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from kassay.worker import cuda_ipc, tensor_files
-from kassay.worker.tensor_files import TensorFileError
+from kassay.worker.exchange import cuda_ipc, tensor_files
+from kassay.worker.exchange.tensor_files import TensorFileError
 
 #: a call names at most this many tensors each way
 MAX_TENSORS = 64
@@ -39,7 +39,7 @@ def _names(headers: Any) -> list[str]:
 
 
 class FileExchange:
-    """Raw tensor files in `root` (kassay.worker.tensor_files)."""
+    """Raw tensor files in `root` (kassay.worker.exchange.tensor_files)."""
 
     name = "files"
 
@@ -96,7 +96,7 @@ class FileExchange:
 
 
 class CudaIpcExchange:
-    """Dedicated device allocations lent by CUDA IPC handle (kassay.worker.cuda_ipc)."""
+    """Dedicated device allocations lent by CUDA IPC handle (kassay.worker.exchange.cuda_ipc)."""
 
     name = "cuda-ipc"
     KEYS = frozenset({"ipc", "offset", "dtype", "shape"})

@@ -1,6 +1,6 @@
 """Device memory one process lends another through CUDA IPC (the driver API, through ctypes).
 
-The trusted executor and the sandboxed impl runner (kassay.worker.remote_impls) trade tensors on
+The trusted executor and the sandboxed impl runner (kassay.worker.executor.remote_impls) trade tensors on
 a GPU without a trip through host memory: the lender copies them into a `Buffer` of its own, a
 dedicated cuMemAlloc allocation (never a block of torch's caching allocator, whose segments hold
 other tensors the borrower must not see), and sends its 64-byte handle; the borrower maps it
@@ -138,7 +138,7 @@ def lend(tensors: dict[str, torch.Tensor], device: torch.device) -> tuple[Buffer
     {name: {"ipc", "offset", "dtype", "shape"}}; the copies are complete when this returns."""
     import torch
 
-    from kassay.worker.tensor_files import dtype_name
+    from kassay.worker.exchange.tensor_files import dtype_name
 
     items = [(k, t.detach().contiguous()) for k, t in tensors.items()]
     names = [dtype_name(t.dtype) for _, t in items]  # refuses dtypes that cannot cross

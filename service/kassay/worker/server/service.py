@@ -5,13 +5,13 @@ it starts or restarts and for good once shutdown begins. SIGTERM/SIGINT drain th
 calls are refused (UNAVAILABLE), the running case finishes, every other case of the queued groups
 is handed back in GroupDone.not_run, the streams end, then the process exits 0.
 
-Who may call it and what a call may ask are kassay.worker.access (token, TLS/mTLS, loopback
+Who may call it and what a call may ask are kassay.worker.server.access (token, TLS/mTLS, loopback
 unless authenticated) and WorkerService._limits (the worker's own caps on a Run, whatever the
 caller is).
 
 Artifacts (code a job brings) arrive through PutArtifact, are checked against their sha256 and
 kept in the artifact cache; groups that name them run only in sandboxed executors
-(kassay.worker.sandbox), and Describe says what that sandbox stops on this host.
+(kassay.worker.runner.sandbox), and Describe says what that sandbox stops on this host.
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ from kassay.errors import (
     WorkerUnavailableError,
 )
 from kassay.ops import params_model
-from kassay.worker.access import TokenInterceptor, exposure_problem, server_credentials
-from kassay.worker.artifacts import ArtifactCache
-from kassay.worker.interceptor import ErrorInterceptor
-from kassay.worker.metrics import WorkerMetrics
-from kassay.worker.sandbox import SandboxConfig
-from kassay.worker.supervisor import ExecutorStartError, RunHandle, Supervisor
+from kassay.worker.runner.sandbox import SandboxConfig
+from kassay.worker.server.access import TokenInterceptor, exposure_problem, server_credentials
+from kassay.worker.server.artifact_cache import ArtifactCache
+from kassay.worker.server.interceptor import ErrorInterceptor
+from kassay.worker.server.metrics import WorkerMetrics
+from kassay.worker.server.supervisor import ExecutorStartError, RunHandle, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class WorkerConfig:
     case_timeout_s: float = 300.0
     start_timeout_s: float = 120.0
     shutdown_grace_s: float = 30.0
-    # who may talk to it (kassay.worker.access)
+    # who may talk to it (kassay.worker.server.access)
     token: str | None = None
     allow_unauthenticated: bool = False
     tls_cert: Path | None = None

@@ -2,8 +2,8 @@
 
 The device's executor is trusted (it makes the inputs and the float64 reference, runs the
 built-in impls and judges every output). For a run (a job's share of this worker) that brings
-artifacts it starts one impl runner (kassay.worker.impl_runner) inside the sandbox
-(kassay.worker.sandbox), which loads the artifacts and serves every group of that run; each
+artifacts it starts one impl runner (kassay.worker.runner.main) inside the sandbox
+(kassay.worker.runner.sandbox), which loads the artifacts and serves every group of that run; each
 artifact impl the runner reports becomes a proxy (kind `artifact`, `Impl.remote`), registered
 for the length of one group (kassay.ops.registry.scoped), so the engine asks the runner for
 that impl's outputs, timing and memory and judges what comes back. Only JSON (kassay.worker.frames) and raw tensors
@@ -11,7 +11,7 @@ cross: nothing the runner sends is executed or unpickled
 here, and nothing it does can reach this process's engine, registry or torch.
 
 Tensors cross by CUDA IPC on a GPU worker and through shared-memory files on a CPU one
-(kassay.worker.tensor_exchange); a GPU worker whose runner cannot map IPC memory (a driver or
+(kassay.worker.exchange.transports); a GPU worker whose runner cannot map IPC memory (a driver or
 container that refuses it) falls back to files, says so on stderr (the worker's log) and goes on.
 """
 
@@ -31,14 +31,14 @@ from typing import Any
 import torch
 
 from kassay.ops.registry import Impl, RemoteRun
-from kassay.worker import cuda_ipc
-from kassay.worker.frames import Channel, ProtocolError
-from kassay.worker.tensor_exchange import (
+from kassay.worker.exchange import cuda_ipc
+from kassay.worker.exchange.transports import (
     TRANSPORT_ERRORS,
     CudaIpcExchange,
     Exchange,
     FileExchange,
 )
+from kassay.worker.frames import Channel, ProtocolError
 
 #: outputs may take this many times the inputs' bytes (plus OUTPUT_SLACK): flce's gradients
 #: are as large as its inputs, lse_merge's outputs smaller
@@ -72,7 +72,7 @@ class RemoteImpls:
         #: how messages name this runner's code ("artifacts 0123abcd4567, ...")
         self.label = label or "the job's artifacts"
         config = json.loads(sandbox_json)
-        # the runner reads its artifacts and nothing of the service (kassay.worker.sandbox)
+        # the runner reads its artifacts and nothing of the service (kassay.worker.runner.sandbox)
         config["readable"] = [*config.get("readable", []), *artifact_paths]
         # tensor files go to the folder the worker made writable for them (/dev/shm), if any
         self.files = FileExchange(next(iter(config.get("writable") or []), workdir), device)
@@ -89,13 +89,13 @@ class RemoteImpls:
         self.args = [
             sys.executable,
             "-m",
-            "kassay.worker.sandbox",
+            "kassay.worker.runner.sandbox",
             "--config",
             sandbox_json,
             "--",
             sys.executable,
             "-m",
-            "kassay.worker.impl_runner",
+            "kassay.worker.runner.main",
             "--device",
             str(device),
             "--workdir",

@@ -1,16 +1,16 @@
 """The executor: the child process that owns the device and runs input groups through the engine.
 
-    python -m kassay.worker.executor --device cpu [--enable-test-impls] [--ceilings JSON]
+    python -m kassay.worker.executor.main --device cpu [--enable-test-impls] [--ceilings JSON]
 
-The supervisor (kassay.worker.supervisor) starts one per device and talks to it over the child's
+The supervisor (kassay.worker.server.supervisor) starts one per device and talks to it over the child's
 stdin/stdout with length-prefixed JSON objects (see `Channel`; JSON, not pickle: the worker
 must be able to read what a sandboxed executor sends without running any of it); on start-up
 the child moves the protocol off fds 0/1 and points fd 1 at stderr, so whatever an impl prints
 cannot corrupt it.
 
-A group that names artifacts comes with its run's runner lease (kassay.worker.runner_leases:
+A group that names artifacts comes with its run's runner lease (kassay.worker.server.runner_leases:
 the artifacts' unpacked folders, the sandbox's config): the executor never loads them; it
-starts one impl runner inside the sandbox for the run (kassay.worker.remote_impls), on the
+starts one impl runner inside the sandbox for the run (kassay.worker.executor.remote_impls), on the
 first group that needs it, and keeps it for the run's later groups; the runner loads the
 artifacts and computes their outputs, which this executor judges. The runner ends with the
 run's last group (`end_runners`) or when the supervisor says so (`end_runner`: a cancelled
@@ -174,7 +174,7 @@ class Executor:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         load_with_corpora(testing=testing)
-        #: the impl runners of the runs with artifacts, by lease key (kassay.worker.remote_impls)
+        #: the impl runners of the runs with artifacts, by lease key (kassay.worker.executor.remote_impls)
         self.runners: dict[str, Any] = {}
         # Measured once per worker: a restarted executor reuses its predecessor's figures so a
         # restart stays well under the 10 s budget.
@@ -210,7 +210,7 @@ class Executor:
         """The impl runner of a run's lease, started on first use."""
         key = str(lease["key"])
         if key not in self.runners:
-            from kassay.worker.remote_impls import RemoteImpls
+            from kassay.worker.executor.remote_impls import RemoteImpls
 
             # its start (Python, torch, the artifacts' imports) runs on the start-up clock,
             # not on a case's
@@ -289,7 +289,7 @@ class Executor:
             if group.artifacts and result.environment is not None:
                 extra: dict[str, Any] = {"artifacts": list(group.artifacts)}
                 if result.ran_in == "sandbox" and runner is not None:
-                    # how its tensors crossed (kassay.worker.tensor_exchange)
+                    # how its tensors crossed (kassay.worker.exchange.transports)
                     extra["tensor_transport"] = runner.exchange.name
                 result.environment = result.environment.model_copy(update=extra)
             self.chan.send({"type": "result", "result": result.model_dump()})
@@ -436,7 +436,7 @@ def _die_with_parent(*, check_parent: bool = True) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kassay.worker.executor")
+    parser = argparse.ArgumentParser(prog="python -m kassay.worker.executor.main")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--enable-test-impls", action="store_true")
     parser.add_argument("--ceilings", default=None, help="JSON of already measured ceilings")

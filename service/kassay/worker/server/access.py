@@ -25,7 +25,7 @@ from grpc_status import rpc_status
 
 from kassay.contract.addresses import is_loopback
 from kassay.errors import AuthError
-from kassay.worker.interceptor import SERVICE_PREFIX, rich_status
+from kassay.worker.server.interceptor import SERVICE_PREFIX, rich_status
 
 #: methods the token guards: the Worker service and server reflection (v1alpha and v1)
 GUARDED_PREFIXES = (

@@ -6,7 +6,7 @@ whole, the group is done. What the executor cannot report is reported here: a ca
 its timeout (`timeout`), an executor that dies (`crashed`, with its exit and its last stderr
 lines), a group whose inputs or reference failed (`error`). After a crash or a timeout the next
 attempt, on a fresh executor, goes on with the impls not yet run. A group that names artifacts runs on the
-same executor, with its run's runner lease (kassay.worker.runner_leases): the executor runs the
+same executor, with its run's runner lease (kassay.worker.server.runner_leases): the executor runs the
 artifacts' impls in the run's sandboxed impl runner, ended after the run's last group.
 """
 
@@ -21,8 +21,8 @@ from typing import Any, Protocol
 from kassay.contract.results import CaseResult, Environment, Status
 from kassay.contract.spec import GroupSpec, case_id
 from kassay.validate.case_result import case_result
-from kassay.worker.executor_process import ExecutorProcess, ExecutorStartError, describe_exit
-from kassay.worker.runner_leases import GroupRefused, RunnerLeases
+from kassay.worker.server.executor_process import ExecutorProcess, ExecutorStartError, describe_exit
+from kassay.worker.server.runner_leases import GroupRefused, RunnerLeases
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,7 @@ class ActiveGroup:
             self._report_remaining("crashed", f"{died} (while preparing the group)")
 
     async def _on_message(self, exe: ExecutorProcess, msg: dict[str, Any], now: float) -> bool:
-        """One message of the executor (see kassay.worker.executor). True when the attempt
+        """One message of the executor (see kassay.worker.executor.main). True when the attempt
         ends with it."""
         mtype = msg.get("type")
         if mtype == "runner_starting":  # the impl runner's start runs on the start-up clock

@@ -1,4 +1,4 @@
-"""The executor process as the supervisor holds it: start-up of `python -m kassay.worker.executor`
+"""The executor process as the supervisor holds it: start-up of `python -m kassay.worker.executor.main`
 on a device, the framed messages over its pipes (length-prefixed JSON, see
 kassay.worker.frames), its stderr (forwarded, and its last lines kept for crash
 reports), and its end (asked to exit, or killed with everything it started).
@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any
 
 from kassay.contract.spec import GroupSpec
-from kassay.worker.executor import wants_interpreter
+from kassay.worker.executor.main import wants_interpreter
 from kassay.worker.frames import Channel, ProtocolError
 
 STDERR_TAIL_LINES = 30
@@ -55,7 +55,7 @@ def describe_exit(returncode: int | None) -> str:
 
 
 class ExecutorProcess:
-    """One `python -m kassay.worker.executor` child and its protocol pipes."""
+    """One `python -m kassay.worker.executor.main` child and its protocol pipes."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
@@ -86,7 +86,7 @@ class ExecutorProcess:
         args = [
             sys.executable,
             "-m",
-            "kassay.worker.executor",
+            "kassay.worker.executor.main",
             "--device",
             device,
             "--worker-id",

@@ -1,12 +1,12 @@
 """The impl runner: the only process that runs the code a job brings (its artifacts).
 
-    python -m kassay.worker.sandbox --config JSON -- \\
-        PYTHON -m kassay.worker.impl_runner --device cpu --workdir DIR [--exchange DIR] \\
+    python -m kassay.worker.runner.sandbox --config JSON -- \\
+        PYTHON -m kassay.worker.runner.main --device cpu --workdir DIR [--exchange DIR] \\
         --artifact-path DIR ...
 
-Started inside the sandbox (kassay.worker.sandbox) by the trusted executor of a group with
-artifacts (kassay.worker.remote_impls), it loads the artifacts' impls and computes, on request,
-one impl's outputs from inputs the executor lends it (kassay.worker.tensor_exchange: CUDA IPC
+Started inside the sandbox (kassay.worker.runner.sandbox) by the trusted executor of a group with
+artifacts (kassay.worker.executor.remote_impls), it loads the artifacts' impls and computes, on request,
+one impl's outputs from inputs the executor lends it (kassay.worker.exchange.transports: CUDA IPC
 on a GPU, shared-memory files on a CPU). It never sees the float64 reference, the built-in impls' results or any verdict: those stay in
 the executor, which judges copies of the outputs it takes back. Whatever the
 code does at import or run time (patching the engine, the registry, torch) stays in this
@@ -39,7 +39,7 @@ import time
 import traceback
 from typing import Any
 
-from kassay.worker.executor import (
+from kassay.worker.executor.main import (
     FATAL_EXIT_CODE,
     _die_with_parent,
     load_artifacts,
@@ -83,7 +83,7 @@ class Runner:
         }
 
     def _exchange(self, transport: str) -> Any:
-        from kassay.worker.tensor_exchange import CudaIpcExchange, FileExchange
+        from kassay.worker.exchange.transports import CudaIpcExchange, FileExchange
 
         if transport not in self.exchanges:
             if transport == "cuda-ipc":
@@ -101,7 +101,7 @@ class Runner:
 
     def call(self, msg: dict[str, Any]) -> dict[str, Any]:
         from kassay.ops import get_op
-        from kassay.worker.tensor_exchange import TRANSPORT_ERRORS
+        from kassay.worker.exchange.transports import TRANSPORT_ERRORS
 
         impl = self.impls[(msg["op"], msg["impl"])]
         params = get_op(msg["op"]).parse_params(msg["params"])
@@ -199,7 +199,7 @@ def _tensors(outs: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kassay.worker.impl_runner")
+    parser = argparse.ArgumentParser(prog="python -m kassay.worker.runner.main")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--exchange", default="")

@@ -3,7 +3,7 @@ artifact set) on this worker's device.
 
 A group that names artifacts runs on the device's shared executor like any other group; the
 artifacts' impls run in one sandboxed impl runner that the executor starts for the job's first
-such group and keeps for its later ones (kassay.worker.remote_impls): Python, torch, the CUDA
+such group and keeps for its later ones (kassay.worker.executor.remote_impls): Python, torch, the CUDA
 context and the artifacts' imports are paid once per job, not once per group. The API sends a
 job's groups in several runs (a few groups each, KASSAY_DISPATCH_BATCH); the runs of one job
 (RunRequest.job_id) share its lease. The lease holds what that runner is given: the artifacts
@@ -26,11 +26,11 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from kassay.worker.sandbox import exchange_dir
+from kassay.worker.runner.sandbox import exchange_dir
 
 if TYPE_CHECKING:
-    from kassay.worker.artifacts import ArtifactCache
-    from kassay.worker.sandbox import Capabilities, SandboxConfig
+    from kassay.worker.runner.sandbox import Capabilities, SandboxConfig
+    from kassay.worker.server.artifact_cache import ArtifactCache
 
 
 class GroupRefused(Exception):
@@ -58,7 +58,7 @@ RUNNER_LINGER_S = 30.0
 
 
 class JobRun(Protocol):
-    """What leases need of a run (kassay.worker.active_group.RunHandle)."""
+    """What leases need of a run (kassay.worker.server.active_group.RunHandle)."""
 
     run_id: str
     job_id: str
@@ -79,7 +79,7 @@ class RunnerLease:
     config: SandboxConfig
 
     def message(self) -> dict[str, Any]:
-        """The `runner` field of the executor's run message (kassay.worker.executor)."""
+        """The `runner` field of the executor's run message (kassay.worker.executor.main)."""
         return {"key": self.key, "artifacts": self.paths, "sandbox": self.config.to_json()}
 
 
@@ -129,7 +129,7 @@ class RunnerLeases:
         config = replace(
             self.host.sandbox_config,
             workdir=workdir,
-            # the tensor exchange (kassay.worker.tensor_exchange), where it is not the workdir
+            # the tensor exchange (kassay.worker.exchange.transports), where it is not the workdir
             writable=[x for x in [xchg] if x != workdir],
             uid=uid,
             # only what the host was seen to allow (a container may refuse namespaces)
@@ -204,7 +204,7 @@ class RunnerLeases:
         cache = self.host.artifacts
         if cache is None:
             raise GroupRefused("this worker does not run artifacts")
-        from kassay.worker.artifacts import ArtifactRefused
+        from kassay.worker.server.artifact_cache import ArtifactRefused
 
         paths = {}
         for digest in digests:

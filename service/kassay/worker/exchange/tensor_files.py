@@ -1,7 +1,7 @@
 """Tensors between the trusted executor and the sandboxed impl runner, as raw files.
 
 The transport of a CPU worker, and of a GPU worker where CUDA IPC is refused
-(kassay.worker.tensor_exchange). The trusted side writes an impl's inputs into the exchange
+(kassay.worker.exchange.transports). The trusted side writes an impl's inputs into the exchange
 folder (shared memory, /dev/shm, where it has room; else the sandbox's working directory), the
 runner maps them copy-on-write, and the trusted side reads the outputs back from there; the only other thing that crosses is a JSON header per tensor
 (`{"file", "dtype", "shape"}`). Nothing is unpickled: what the sandbox writes is bytes, read
