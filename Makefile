@@ -65,9 +65,11 @@ integration: venv postgres
 protos: venv
 	$(BIN)/python -m kassay.contract.protogen
 
-# The SDK's blocking client, generated from its async definition (kassay_client/_async/).
+# The SDK's blocking client, generated from its async definition (kassay_client/_async/), and
+# its response models, generated from the API's published schemas (OpenAPI, the report schema).
 sdk: venv
 	$(BIN)/python client/gen_sync.py
+	$(BIN)/python client/gen_models.py
 
 # The embedded default: API + local worker + SQLite; submits the smoke job and keeps serving.
 run: venv

@@ -1,18 +1,24 @@
-"""The SDK's response models (kassay_client.models: a copy kept on purpose, so that the SDK never
-imports the service) against what the API publishes: the OpenAPI document of the app for the
-REST bodies, the report's JSON Schema for reports and case results (also the SSE `result`
-events). A field added, removed or retyped on one side only fails here.
+"""The SDK's response models (kassay_client.models) against what the API publishes: the OpenAPI
+document of the app for the REST bodies, the report's JSON Schema for reports and case results
+(also the SSE `result` events). The models are generated from those two schemas
+(client/gen_models.py, `make sdk`), so that the SDK never imports the service; a generated file
+that is not what the schemas give now fails here, and so does a field added, removed or
+retyped on one side only. The checker below still proves that the generator's rules keep to
+the leniency the SDK allows itself.
 
 What the SDK may do differently, on purpose, to read any server of the same API:
 - accept null where the server never sends it, and default a field the server always sends;
 - read a nested object as a mapping: dict[str, Any], or dict[str, T] when each of the object's
-  fields is a T (Job.links, CaseResult.outputs);
+  fields is a T (Job.links);
 - read a string enum or constant as a plain string.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +30,7 @@ from kassay.settings import Settings
 from kassay_client import models
 
 Schema = dict[str, Any]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -190,6 +197,16 @@ def test_every_sdk_model_is_checked() -> None:
         if isinstance(getattr(models, name), type) and issubclass(getattr(models, name), BaseModel)
     }
     assert declared == checked | set(sdk_only)
+
+
+def test_the_models_are_what_the_generator_gives_now(capsys, monkeypatch) -> None:
+    """`python client/gen_models.py --check`: a server model changed without `make sdk` fails."""
+    spec = importlib.util.spec_from_file_location("gen_models", ROOT / "client" / "gen_models.py")
+    assert spec is not None and spec.loader is not None
+    gen = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gen_models", gen)  # its dataclasses look their module up
+    spec.loader.exec_module(gen)
+    assert gen.main(["--check"]) == 0, capsys.readouterr().err
 
 
 # ------------------------------------------------------------------- the checker itself
