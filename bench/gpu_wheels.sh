@@ -4,7 +4,7 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PWD/service:$PWD/client
 # The image has torch, triton, numpy, pyyaml, httpx, rich, prometheus-client, anyio, h11 (the
-# IMAGE line; tests/unit/test_gpu_wheels.py checks that every package the api and worker extras
+# IMAGE line; tests/unit/bench/test_gpu_wheels.py checks that every package the api and worker extras
 # need, dependencies included, is in the image or in pkgs below).
 # IMAGE: torch triton numpy pyyaml httpx rich prometheus-client anyio h11
 set -euo pipefail

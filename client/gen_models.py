@@ -8,7 +8,7 @@ case results, comparisons), then format them with ruff.
 This is a dev tool: it imports the service to build the schemas; the file it writes never does.
 The SDK's own choices (which definitions become classes, which nested objects stay mappings,
 the defaults it gives fields the server always sends) live in MODELS below, and only there. The
-rest follows fixed rules, the SDK's leniency (tests/unit/test_sdk_contract.py checks them):
+rest follows fixed rules, the SDK's leniency (tests/unit/client/test_sdk_contract.py checks them):
 - every model allows extra fields (an older SDK reads a newer server);
 - a nested object the SDK does not model is read as a mapping, dict[str, V];
 - string enums and consts are read as str, date-time strings as datetime;
@@ -146,7 +146,7 @@ class GenerationError(Exception):
 
 
 def schemas() -> dict[str, dict[str, Schema]]:
-    """{OPENAPI | REPORT: {definition: schema}}, built the way tests/unit/test_sdk_contract.py
+    """{OPENAPI | REPORT: {definition: schema}}, built the way tests/unit/client/test_sdk_contract.py
     builds them."""
     from kassay.api.app import create_app
     from kassay.reports import report_schema

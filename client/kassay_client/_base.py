@@ -147,7 +147,7 @@ def list_params(
 
 
 #: the API's report formats (kassay.reports.FORMATS: the SDK reaches the API only over HTTP,
-#: so it keeps this mirror; tests/unit/test_sdk_contract.py holds the two equal)
+#: so it keeps this mirror; tests/unit/client/test_sdk_contract.py holds the two equal)
 REPORT_MEDIA = {
     "json": "application/json",
     "junit": "application/xml",

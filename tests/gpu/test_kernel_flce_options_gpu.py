@@ -1,6 +1,6 @@
 """GPU tests (bf16, AMP) of kassay flce's Liger-parity options: ce_weight, use_token_scaling,
 return_token_accuracy, accum_dtype. Against torch's weighted cross-entropy in float64 under the
-baseline policy; the fp32/fp16 interpreter runs are in tests/unit/test_kernel_flce_options.py.
+baseline policy; the fp32/fp16 interpreter runs are in tests/unit/kernels/test_kernel_flce_options.py.
 """
 
 from __future__ import annotations

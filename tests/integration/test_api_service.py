@@ -150,7 +150,7 @@ def test_cancelling_a_large_running_job_stays_cancelled(client: Client) -> None:
     t0 = time.monotonic()
     cancelled = client.jobs.cancel(job.id)
     took = time.monotonic() - t0
-    # The store's own test counts the statements a bulk cancel sends (tests/unit/test_api_store.py);
+    # The store's own test counts the statements a bulk cancel sends (tests/unit/api/test_api_store.py);
     # here the bound only says the call answers well inside a client's timeout: 5 s failed at
     # 5.6-6.1 s on the 2-core box under other builds' load.
     assert cancelled.state == "cancelled" and took < 15.0, took

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 sys.path.insert(0, str(BENCH))
 
 verdicts = importlib.import_module("verdicts")  # bench/verdicts.py: must import here

@@ -18,7 +18,7 @@ from kassay.cli import build_parser
 from kassay.contract.spec import parse_spec
 from kassay.ops.expand import expand
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 PACKAGE = EXAMPLES / "kernel-package"
 CI = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
-SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "gpu_wheels.sh"
+SCRIPT = Path(__file__).resolve().parents[3] / "bench" / "gpu_wheels.sh"
 
 
 def _norm(name: str) -> str:

@@ -20,7 +20,7 @@ from kassay.api.store import SchemaError, Store
 from kassay.api.store.migrate import alembic_config, head_revision, upgrade
 from kassay.api.store.tables import metadata
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BEFORE_MIGRATIONS = ROOT / "tests" / "data" / "schema_before_migrations"
 TABLES = {
     "jobs",

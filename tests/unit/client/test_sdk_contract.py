@@ -30,7 +30,7 @@ from kassay.settings import Settings
 from kassay_client import models
 
 Schema = dict[str, Any]
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @dataclass

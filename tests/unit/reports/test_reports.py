@@ -13,7 +13,7 @@ from kassay.contract.results import CaseResult, Report
 from kassay.contract.spec import parse_spec
 from kassay.validate.local import run_job
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SPEC = """
 name: rep
 labels: {commit: abc123}
