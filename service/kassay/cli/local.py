@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # the report formats' names: the SDK's tested mirror of kassay.reports.FORMATS, already loaded
 # by the client commands (the registry itself would add its renderers to every start-up)
 from kassay_client._base import REPORT_MEDIA
 from kassay_client.summary import EXIT_ERROR as EXIT_ERRORS
 from kassay_client.summary import EXIT_FAILED, exit_code_of
+
+if TYPE_CHECKING:
+    from kassay.validate.selftest import SelftestResult
 
 
 def register(sub: Any) -> None:
@@ -113,7 +116,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_selftest(args: argparse.Namespace) -> int:
     from kassay.errors import KassayError
-    from kassay.validate.selftest import print_selftest, run_selftest
+    from kassay.validate.selftest import run_selftest
 
     try:
         result = run_selftest(device=args.device, only=args.only)
@@ -122,6 +125,39 @@ def _cmd_selftest(args: argparse.Namespace) -> int:
         return EXIT_ERRORS
     print_selftest(result)
     return 0 if result.ok else EXIT_FAILED
+
+
+def print_selftest(result: SelftestResult) -> None:
+    """The self-test's table and its one-line verdict, on the terminal (the engine computes the
+    result, kassay.validate.selftest; the command renders it)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from kassay.impls import get_impl
+
+    t = Table(title="kassay selftest: known bugs against the default policies")
+    for col in ("op", "mutant", "bug", "regimes", "mutant status", "caught", "correct impls"):
+        t.add_column(col, overflow="fold")
+    for pr in result.probes:
+        impl = get_impl(pr.probe.op, pr.probe.mutant, include_mutants=True)
+        statuses = ", ".join(sorted({c.status for c in pr.mutant_cases}))
+        why = next((c.message for c in pr.mutant_cases if c.status != "passed"), "")
+        corr = ", ".join(f"{c.impl}:{c.status}" for c in pr.correct_cases) or "(none)"
+        t.add_row(
+            pr.probe.op,
+            pr.probe.mutant,
+            impl.bug or "",
+            "plain spec" if pr.probe.plain else ",".join(pr.probe.regimes),
+            f"{statuses}\n{why[:160]}",
+            "[green]yes[/green]" if pr.detected else "[red]NO[/red]",
+            corr,
+        )
+    console = Console()
+    console.print(t)
+    false = [c for pr in result.probes for c in pr.false_failures] + result.fairness_false
+    for c in false:
+        console.print(f"[red]false failure[/red] {c.op}.{c.impl} {c.label()}: {c.message}")
+    print(result.line())
 
 
 if __name__ == "__main__":  # pragma: no cover

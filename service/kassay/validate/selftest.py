@@ -250,32 +250,3 @@ def _run_plain(dev: Any, only: list[str] | None) -> list[ProbeResult]:
                 pr.correct_cases = [c for c in cases if c.impl in correct]
             out.append(pr)
     return out
-
-
-def print_selftest(result: SelftestResult) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    t = Table(title="kassay selftest: known bugs against the default policies")
-    for col in ("op", "mutant", "bug", "regimes", "mutant status", "caught", "correct impls"):
-        t.add_column(col, overflow="fold")
-    for pr in result.probes:
-        impl = get_impl(pr.probe.op, pr.probe.mutant, include_mutants=True)
-        statuses = ", ".join(sorted({c.status for c in pr.mutant_cases}))
-        why = next((c.message for c in pr.mutant_cases if c.status != "passed"), "")
-        corr = ", ".join(f"{c.impl}:{c.status}" for c in pr.correct_cases) or "(none)"
-        t.add_row(
-            pr.probe.op,
-            pr.probe.mutant,
-            impl.bug or "",
-            "plain spec" if pr.probe.plain else ",".join(pr.probe.regimes),
-            f"{statuses}\n{why[:160]}",
-            "[green]yes[/green]" if pr.detected else "[red]NO[/red]",
-            corr,
-        )
-    console = Console()
-    console.print(t)
-    false = [c for pr in result.probes for c in pr.false_failures] + result.fairness_false
-    for c in false:
-        console.print(f"[red]false failure[/red] {c.op}.{c.impl} {c.label()}: {c.message}")
-    print(result.line())
