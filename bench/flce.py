@@ -199,13 +199,36 @@ VOCAB_CFG = FlceConfig(schedule="vocab")
 
 
 def run_budgets(args, result):
-    """kassay at every budget of the sweep and each peer once, per target shape."""
+    """kassay at every budget of the sweep and each peer once, per target shape.
+
+    Per shape, what the verdicts need most comes first (the vocabulary schedule, then the peers,
+    then the row schedule's sweep, then the options A/B), and the result file is rewritten after
+    every point (`"partial": true` until the end): a device call cut short keeps what it ran."""
     curve, peers = [], []
+    result["matmul_ceiling_tflops"] = matmul_ceiling()
+    print(f"bf16 matmul ceiling {result['matmul_ceiling_tflops']:.0f} TFLOP/s", flush=True)
     skip = set(filter(None, args.skip.split(",")))
+
+    def keep(row, into):
+        into.append(row)
+        save_json({**result, "curve": curve, "peers": peers, "partial": True}, args.out)
+
     for n, h, v in SHAPES[:1] if args.quick else SHAPES:
         x, w, t = make_inputs(n, h, v)
         ref = reference(x, w, t)
         torch.cuda.empty_cache()
+        for budget, cols in vocab_points(n, v):
+
+            def fn(x, w, t, _b=budget):
+                return fused_linear_cross_entropy(x, w, t, memory_budget_bytes=_b, config=VOCAB_CFG)
+
+            row = _point(fn, x, w, t, ref, n, h, v, "kassay")
+            row.update(schedule="vocab", budget_bytes=budget, cols_per_panel=cols)
+            row.update(panels=-(-v // cols), tflops_8nhv=8 * n * h * v / row.get("ms", 1) / 1e9)
+            keep(row, curve)
+        for name, fn in impls().items():
+            if name != "kassay" and name not in skip:
+                keep(_point(fn, x, w, t, ref, n, h, v, name), peers)
         for budget, rows in budget_points(n, v, args.min_rows):
 
             def fn(x, w, t, _b=budget):
@@ -215,21 +238,9 @@ def run_budgets(args, result):
             row.update(
                 schedule="rows", budget_bytes=budget, rows_per_chunk=rows, chunks=-(-n // rows)
             )
-            curve.append(row)
-        for budget, cols in vocab_points(n, v):
-
-            def fn(x, w, t, _b=budget):
-                return fused_linear_cross_entropy(x, w, t, memory_budget_bytes=_b, config=VOCAB_CFG)
-
-            row = _point(fn, x, w, t, ref, n, h, v, "kassay")
-            row.update(schedule="vocab", budget_bytes=budget, cols_per_panel=cols)
-            row.update(panels=-(-v // cols), tflops_8nhv=8 * n * h * v / row.get("ms", 1) / 1e9)
-            curve.append(row)
+            keep(row, curve)
         if not args.quick or (n, h, v) == SHAPES[0]:
             options_ab(x, w, t, n, h, v, result)
-        for name, fn in impls().items():
-            if name != "kassay" and name not in skip:
-                peers.append(_point(fn, x, w, t, ref, n, h, v, name))
         del x, w, t, ref
         gc.collect()
         torch.cuda.empty_cache()
