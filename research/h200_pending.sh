@@ -20,7 +20,8 @@
 #             slowed runs) and #15's bench/ci_latency.py (~300 s)
 #   engine    alone on the GPU: the README's engine table from examples/h200.yaml (~150 s)
 #   flce      the memory-speed curve of both schedules and every peer, both shapes (~300 s)
-#   vocab     #40: the FLCE GPU tests of both schedules (~120 s), then the curve (`flce`)
+#   vocab     #40: research/flce_vocab_profile.py (where the vocabulary schedule's time goes,
+#             ~60 s), the FLCE GPU tests of both schedules (~120 s), then the curve (`flce`)
 #   gputests  the whole GPU test suite, alone (~400 s)
 #   sandbox   #31's CUDA IPC transport (tests/gpu/test_cuda_ipc_gpu.py), the sandboxed Triton
 #             artifact (test_sandbox_gpu.py) and #30's op plugin on CUDA (test_op_plugin_gpu.py)
@@ -87,6 +88,7 @@ flce)
     step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
     ;;
 vocab)
+    step vocab-profile 90 python3 research/flce_vocab_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
     step gpu-flce 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
         tests/gpu/test_kernel_flce_options_gpu.py

@@ -109,10 +109,11 @@ def _ref64(x, w, t, chunk=1024):
 
 
 def test_low_memory_end_at_the_first_target_shape():
-    # 10 MiB of panels: the gradients and ~10 MiB beyond them, grad_W written once (no drift)
+    # a 2 MiB budget: the gradients and ~2 MiB beyond them (the backward's wide panels live in
+    # grad_W's unwritten rows and grad_x's buffer), grad_W written once (no drift)
     n, h, v = 8192, 4096, 128256
     x, w, t, _ = _inputs(n, h, v, torch.bfloat16, False, 0.1, wscale=1.0)
-    budget = 10 * 2**20
+    budget = 2 * 2**20
     assert plan_call(x, w, memory_budget_bytes=budget).schedule == "vocab"
     gx64, gw64 = _ref64(x, w, t)
     xe, we = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -134,5 +135,5 @@ def test_low_memory_end_at_the_first_target_shape():
         f"peak extra {peak:.4f} GiB; grad_x {kx:.3e} (eager {ex:.3e}), grad_W {kw:.3e} ({ew:.3e})"
     )
     grads = (v * h + n * h) * 2 / 2**30
-    assert peak <= grads + 12 / 1024  # the 10 MiB panel and [N] vectors
+    assert peak <= grads + 3.5 / 1024  # the 2 MiB panel and [N] vectors
     assert kx <= 1.1 * ex and kw <= 1.1 * ew

@@ -80,9 +80,10 @@ GRADS_FUSED_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 # Panels are short rows (P columns), so a program per row at a time with 8 per SM in flight.
 VOCAB_CE_CONFIG_GPU = (2048, 8, 0)
 VOCAB_MIN_COLS = 64
-# Backward panels in grad_weight's unwritten rows: up to this many columns (and N/2 rows of
-# grad_weight). Forward panels: up to VOCAB_FORWARD_MAX_COLS, in the gradients' bytes.
-VOCAB_INPLACE_COLS = 2048
+# Backward panels in grad_weight's unwritten rows: up to this many columns (the panel's
+# scratch then takes N·P·2 / (H·2) rows of grad_weight, free until their own panels come).
+# Forward panels: up to VOCAB_FORWARD_MAX_COLS, in the gradients' bytes.
+VOCAB_INPLACE_COLS = 8192
 VOCAB_FORWARD_MAX_COLS = 8192
 
 FIN_BLOCK_GPU = 4096

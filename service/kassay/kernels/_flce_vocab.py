@@ -25,18 +25,20 @@ accumulator, and the tail's panels are walked once more for their grad_W (their 
 recomputed: 2·N·H·R FLOP more, R = 2N rows for 16-bit weights, 3.2% at N=8192, V=128256).
 
 Panels wider than the budget pays for. A panel of P columns costs N·P·itemsize bytes, and
-narrow panels are slow (a [N, 64] panel's GEMMs run far below the GPU's peak). In backward,
-grad_weight's unwritten rows are free memory: the panels are walked at `cfg.vocab_inplace_cols`
-columns (capped so their scratch takes at most N/2 rows of grad_weight), each held in the S rows
-just before the accumulator's R rows; once grad_x is finished, the rows from the scratch on are
-walked with the scratch at the very end, the panels narrowing as the rows left shrink, and only
-the last few rows use the budget's own [N, P] buffer. The forward has no gradient rows to
-borrow, but no gradient exists yet either, and the budget counts bytes beyond the gradients: its
-panels may spend the gradients' bytes as well as the budget (`_flce_autograd._forward_cols`,
-capped at `cfg.vocab_forward_max_cols`, 128 MiB of bf16 panel at N=8192) without raising the
-call's peak, which is the backward's (gradients + budget). A caller whose gradients already
-exist (gradient accumulation) still gets a new gradient from autograd before it is added, so
-that peak holds there too.
+narrow panels are slow (a [N, 64] panel's GEMMs run far below the GPU's peak, and every panel
+reads and writes the whole float32 accumulator). In backward, memory the gradients own but do
+not use yet holds wider panels (`plan_backward`): grad_weight's unwritten rows (panels up to
+`cfg.vocab_inplace_cols` columns, their scratch at the end of the rows still free) and grad_x's
+own buffer (H columns at 16 bits, until grad_x is rounded into it). Only where neither is free
+(the last rows of the tail's grad_W walk) does the budget's own [N, P] buffer get allocated.
+So a 1 MiB budget walks the panels of a far larger one; the peak is the gradients plus a few
+[N] vectors either way. The forward has no gradient rows to borrow, but no gradient exists yet
+either, and the budget counts bytes beyond the gradients: its panels may spend the gradients'
+bytes as well as the budget (`_flce_autograd._forward_cols`, capped at
+`cfg.vocab_forward_max_cols`, 128 MiB of bf16 panel at N=8192) without raising the call's peak,
+which is the backward's (gradients + budget). A caller whose gradients already exist (gradient
+accumulation) still gets a new gradient from autograd before it is added, so that peak holds
+there too.
 
 Gradients are computed in backward with grad_output folded into each row's coefficients, so
 reduction='none' costs no second pass here.
@@ -45,6 +47,7 @@ reduction='none' costs no second pass here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -186,13 +189,112 @@ def scratch_rows(n: int, h: int, cols: int, cdt: torch.dtype, gw_dtype: torch.dt
     return -(-n * cols * cs // (h * es))
 
 
-def _rows_as(gw: torch.Tensor, row: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-    """The bytes of grad_weight rows [row, ...) as `count` elements of `dtype` (flat)."""
-    h = gw.shape[1]
-    flat = gw.view(-1)[row * h :]
+class Panel(NamedTuple):
+    """One backward panel: columns [v0, v1), where its [N, v1 - v0] logits live ("rows": the
+    bytes of grad_weight's rows from `row`, none of them written yet nor in the panel itself;
+    "gx": grad_x's own buffer, before grad_x is rounded into it; "own": the budget's buffer) and
+    which gradients it contributes."""
+
+    v0: int
+    v1: int
+    where: str
+    row: int
+    gx: bool
+    gw: bool
+    gb: bool
+
+
+def _round_cols(c: int) -> int:
+    """Panel widths GEMM tiles like: multiples of 128 from 256 columns, of 64 from 128."""
+    if c >= 256:
+        return c - c % 128
+    if c >= 128:
+        return c - c % 64
+    return c
+
+
+def plan_backward(
+    n: int,
+    h: int,
+    v: int,
+    cols: int,
+    cdt: torch.dtype,
+    gw_dtype: torch.dtype | None,
+    gx_dtype: torch.dtype | None,
+    need_gb: bool,
+    cfg: FlceConfig,
+) -> tuple[int, list[Panel]]:
+    """(R, the panels in launch order) of `vocab_backward`; gw_dtype / gx_dtype None: that
+    gradient is not computed. Each column's grad_x, grad_W and grad_b are each contributed by
+    exactly one panel (tests/unit/kernels/test_kernel_flce_vocab.py checks it, and that no
+    panel's bytes overlap a written or accumulating row).
+
+    Three places can hold a panel, the widest that fits is taken: grad_weight's unwritten rows
+    (up to `cfg.vocab_inplace_cols` columns: the panel's scratch at the end of the rows still
+    free, so that the panel's own rows and its scratch do not overlap), grad_x's buffer (H·(its
+    itemsize) / (compute itemsize) columns, until grad_x is rounded into it) and the budget's
+    buffer (`cols`, allocated only if used). When both gradients are computed, the float32
+    grad_x accumulator sits in grad_weight's last R rows, so those rows are walked twice: for
+    grad_x (and grad_b) before it is rounded, then for grad_W with the scratch at their end."""
+    gw_on = gw_dtype is not None
+    gx_on = gx_dtype is not None
+    r = tail_rows(n, h, v, cols, gw_dtype) if (gw_on and gx_on) else 0
+    wide = min(int(cfg.vocab_inplace_cols), v) if gw_on else 0
+    gx_cols = _round_cols(min(v, h * gx_dtype.itemsize // cdt.itemsize)) if gx_on else 0
+    row_bytes = h * gw_dtype.itemsize if gw_on else 0
+
+    def in_rows(q: int, end: int) -> tuple[int, int]:
+        """Widest panel from column q whose scratch fits the unwritten rows [q + c, end)."""
+        if not wide:
+            return 0, -1
+        c = _round_cols(min(wide, _fitting_cols(end - q, n, h, cdt, gw_dtype)))  # type: ignore[arg-type]
+        while c > 0:
+            row = end - scratch_rows(n, h, c, cdt, gw_dtype)  # type: ignore[arg-type]
+            while row > q + c and (row * row_bytes) % 16:  # TMA wants 16-byte aligned panels
+                row -= 1
+            if row >= q + c and (row * row_bytes) % cdt.itemsize == 0:
+                return c, row
+            c = _round_cols(c - 1)
+        return 0, -1
+
+    panels: list[Panel] = []
+
+    def walk(lo: int, hi: int, rows_ok: bool, gx_ok: bool, do: tuple[bool, bool, bool]) -> None:
+        q = lo
+        while q < hi:
+            rest = hi - q
+            c_r, row = in_rows(q, hi) if rows_ok else (0, -1)
+            c_x = min(gx_cols, rest) if gx_ok else 0
+            c_o = min(cols, rest)
+            c = max(c_r, c_x, c_o)
+            if c == c_r:
+                panels.append(Panel(q, q + c, "rows", row, *do))
+            elif c == c_x:
+                panels.append(Panel(q, q + c, "gx", -1, *do))
+            else:
+                panels.append(Panel(q, q + c, "own", -1, *do))
+            q += c
+
+    hi = v - r
+    walk(0, hi, gw_on, gx_on, (gx_on, gw_on, need_gb))
+    if r:
+        walk(hi, v, False, True, (True, False, need_gb))  # grad_x's last terms, accumulator live
+        walk(hi, v, True, False, (False, True, False))  # grad_x rounded: the tail's grad_W
+    return r, panels
+
+
+def _bytes_as(t: torch.Tensor, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first `count` elements of `dtype` in the bytes of tensor t (flat)."""
+    flat = t.view(-1)
     if flat.dtype != dtype:
         flat = flat.view(torch.uint8).view(dtype)
     return flat[:count]
+
+
+def _rows_as(gw: torch.Tensor, row: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes of grad_weight rows [row, ...) as `count` elements of `dtype` (flat)."""
+    h = gw.shape[1]
+    return _bytes_as(gw.view(-1)[row * h :], count, dtype)
 
 
 def vocab_backward(
@@ -215,12 +317,9 @@ def vocab_backward(
     cfg: FlceConfig,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(grad_x in gx_dtype, grad_W in gw_dtype, grad_b float32) of every panel, grad_output
-    already folded into `coef`. See the module docstring for the order of the panels.
-
-    `cols` is the panel width the budget pays for (a buffer of its own). Where grad_weight is
-    computed, wider panels (`cfg.vocab_inplace_cols`, capped so the panel fits N/2 rows of
-    grad_weight) are walked in grad_weight's own unwritten rows instead: the panel buffer then
-    costs nothing, and the budget's buffer is only allocated for the last few rows."""
+    already folded into `coef`. The panels, their order and where each one's logits live are
+    `plan_backward`'s; `cols` is the panel width the budget pays for (a buffer of its own,
+    allocated only when nothing wider is free)."""
     n, h = xc.shape
     v = w.shape[0]
     dev = xc.device
@@ -232,31 +331,47 @@ def vocab_backward(
     lsw = label_smoothing != 0.0 and cew is not None
     gw = torch.empty((v, h), dtype=gw_dtype, device=dev) if need_gw else None
     gb = torch.empty(v, dtype=f32, device=dev) if need_gb else None
-    gx = None
+    # grad_x's own buffer exists from the start: until grad_x is rounded into it, its bytes
+    # hold panels (the call's peak, which holds every gradient at the end, does not move)
+    gx = torch.empty((n, h), dtype=gx_dtype, device=dev) if need_gx else None
+    r, panels = plan_backward(
+        n, h, v, cols, cdt, gw_dtype if need_gw else None, gx_dtype if need_gx else None,
+        need_gb, cfg,
+    )  # fmt: skip
     acc = None
-    r = 0
     if need_gx:
-        r = tail_rows(n, h, v, cols, gw_dtype) if gw is not None else 0
         if r:
             acc = gw.view(-1)[(v - r) * h :].view(f32)[: n * h].view(n, h)
         else:
             acc = torch.empty((n, h), dtype=f32, device=dev)
     one = torch.ones(1, dtype=f32, device=dev)
     own: list[torch.Tensor] = []  # the budget's panel buffer, allocated when first needed
-    seen = [False]  # whether the accumulator holds a panel yet (the first one stores)
+    seen = False  # whether the accumulator holds a panel yet (the first one stores)
+    rounded = False
 
-    def buffer(p: int, row: int | None) -> torch.Tensor:
-        """The [N, p] panel: in grad_weight's rows from `row`, else the budget's buffer."""
-        if row is not None and gw is not None:
-            return _rows_as(gw, row, n * p, cdt).view(n, p)
+    def buffer(pn: Panel) -> torch.Tensor:
+        p = pn.v1 - pn.v0
+        if pn.where == "rows":
+            return _rows_as(gw, pn.row, n * p, cdt).view(n, p)
+        if pn.where == "gx":
+            return _bytes_as(gx, n * p, cdt).view(n, p)
         if not own:
             own.append(torch.empty(n * min(cols, v), dtype=cdt, device=dev))
         return _panel(own[0], n, p)
 
-    def walk(lo, hi, c, row, do_gx: bool, do_gw: bool, do_gb: bool) -> None:
-        for v0 in range(lo, hi, c):
-            v1 = min(hi, v0 + c)
-            z = buffer(v1 - v0, row)
+    def finish_gx() -> None:
+        if acc.device.type == "cuda" or INTERPRETED:
+            _launch_finalize(acc, gx, one, cfg=cfg)
+        else:
+            gx.copy_(acc)
+
+    with _ieee_fp32_matmul(exact):
+        for pn in panels:
+            if acc is not None and not rounded and not pn.gx:
+                finish_gx()  # every grad_x term is in: its buffer and the tail rows are free
+                rounded = True
+            v0, v1 = pn.v0, pn.v1
+            z = buffer(pn)
             wp = _w_panel(w, v0, v1, cdt)
             _logits(z, xc, wp, b, v0, v1, cdt)
             grid, block_v, warps = _panel_launch(z, cfg)
@@ -281,79 +396,21 @@ def vocab_backward(
                 PAIR=cfg.ce_pair,
                 num_warps=warps,
             )
-            if do_gb and gb is not None:
+            if pn.gb and gb is not None:
                 gb[v0:v1] = z.sum(0, dtype=f32)
-            if do_gw and gw is not None:
+            if pn.gw and gw is not None:
                 out = gw[v0:v1]
                 if gw_dtype == cdt:
                     torch.mm(z.t(), xc, out=out)  # every row in one GEMM: one rounding
                 else:  # autocast with float32 weights: float32 out of 16-bit operands
                     _launch_gemm_tn(z, xc, out, one, accumulate=False, cfg=cfg)
-            if do_gx and acc is not None:
+            if pn.gx and acc is not None:
                 # acc [N, H] (+)= z @ W_p, written as (z^T)^T @ W_p for the TN kernel
-                _launch_gemm_tn(z.t(), wp, acc, one, accumulate=seen[0], cfg=cfg)
-                seen[0] = True
-
-    def finish_gx() -> None:
-        nonlocal gx
-        if acc is None:
-            return
-        gx = torch.empty((n, h), dtype=gx_dtype, device=dev)
-        if acc.device.type == "cuda" or INTERPRETED:
-            _launch_finalize(acc, gx, one, cfg=cfg)
-        else:
-            gx.copy_(acc)
-
-    wide = inplace_cols(n, h, v, cols, r, cdt, gw_dtype, cfg) if gw is not None else 0
-    with _ieee_fp32_matmul(exact):
-        if not wide:
-            walk(0, v - r, cols, None, True, True, True)
-            if r:
-                walk(v - r, v, cols, None, True, False, True)
+                _launch_gemm_tn(z.t(), wp, acc, one, accumulate=seen, cfg=cfg)
+                seen = True
+        if acc is not None and not rounded:
             finish_gx()
-            if r:
-                walk(v - r, v, cols, None, False, True, False)
-            return gx, gw, gb
-        # the wide panel lives in the S rows just before the accumulator's R rows
-        lo = v - r - scratch_rows(n, h, wide, cdt, gw_dtype)
-        walk(0, lo, wide, lo, True, True, True)
-        split = acc is not None  # the rows from lo on: grad_x (and grad_b) first, then grad_W
-        if split:
-            walk(lo, v, wide, lo, True, False, True)  # no grad_W written: the scratch stays
-        finish_gx()
-        # the rows [lo, V) are all unwritten now: their panels take the scratch at the very
-        # end, narrowing as the rows left shrink (a panel and its scratch must both fit)
-        q, c = lo, wide
-        while q < v:
-            top = v - scratch_rows(n, h, c, cdt, gw_dtype)
-            if q + c <= top:
-                end = q + (top - q) // c * c
-                walk(q, end, c, top, False, True, not split)
-                q = end
-                continue
-            c = _fitting_cols(v - q, n, h, cdt, gw_dtype)
-            if c < max(cols, cfg.vocab_min_cols):
-                break
-        if q < v:
-            walk(q, v, cols, None, False, True, not split)
     return gx, gw, gb
-
-
-def inplace_cols(
-    n: int, h: int, v: int, cols: int, r: int, cdt: torch.dtype, gw_dtype: torch.dtype, cfg
-) -> int:
-    """Width of the panels walked in grad_weight's unwritten rows, or 0 when the budget's own
-    panels are as wide or grad_weight has no room (its scratch and the accumulator's R rows
-    must leave at least one panel before them). Capped so that the scratch takes at most N/2
-    rows: the rows from the scratch on are walked twice (their logits recomputed once more)."""
-    es = gw_dtype.itemsize
-    cs = cdt.itemsize
-    c = min(int(cfg.vocab_inplace_cols), v, max(1, (h * es) // (2 * cs)))
-    if c >= 256:
-        c -= c % 128
-    if c <= cols or v - r - scratch_rows(n, h, c, cdt, gw_dtype) < c:
-        return 0
-    return c
 
 
 def _fitting_cols(q: int, n: int, h: int, cdt: torch.dtype, gw_dtype: torch.dtype) -> int:

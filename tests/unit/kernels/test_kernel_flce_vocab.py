@@ -24,7 +24,7 @@ from flce_reference import (
 
 from kassay.kernels import FlceConfig
 from kassay.kernels._flce_launch import plan_schedule
-from kassay.kernels._flce_vocab import inplace_cols, tail_rows
+from kassay.kernels._flce_vocab import plan_backward, scratch_rows, tail_rows
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -95,10 +95,11 @@ def test_grid(opts, red, dtype, shape):
 @pytest.mark.parametrize("opts,dtype,red", _pairs(OPTIONS[1:4], DTYPES, ["mean", "none"]))
 def test_panels_in_grad_weights_unwritten_rows(opts, dtype, red):
     bias, ls, ign, cap, zls = opts
-    # H=64: backward panels of 32 columns live in grad_W's own rows; the budget pays for 4
-    # columns, used only for the last rows, where panel and scratch no longer both fit
+    # H=64: backward panels live in grad_W's own unwritten rows and in grad_x's buffer (64
+    # columns); the budget pays for 4 columns, used only where nothing wider is free
     n, h, v = 24, 64, 300
-    assert inplace_cols(n, h, v, 4, tail_rows(n, h, v, 4, dtype), dtype, dtype, VOCAB) == 32
+    _, panels = plan_backward(n, h, v, 4, dtype, dtype, dtype, bias, VOCAB)
+    assert {p.where for p in panels} >= {"rows", "gx"}
     x, w, t, b = _inputs(n, h, v, dtype, bias, ign)
     check_against_reference(
         x, w, t, b, _go(n, red), ls=ls, red=red, cap=cap, zls=zls, budget=_budget(n, 4, dtype),
@@ -107,8 +108,9 @@ def test_panels_in_grad_weights_unwritten_rows(opts, dtype, red):
 
 
 def test_inplace_panels_with_one_gradient_only():
-    # grad_W alone (no accumulator: one walk, grad_b with the narrowing panels) and grad_x
-    # alone (no grad_W rows to borrow): the same gradients as with both
+    # grad_W alone (no accumulator: one walk, panels in grad_W's rows, then the budget's) and
+    # grad_x alone (no grad_W rows to borrow: panels in grad_x's buffer): the same gradients
+    # as with both
     n, h, v = 24, 64, 300
     x, w, t, b = _inputs(n, h, v, torch.float32, True, 0.2, seed=4)
     kw = dict(label_smoothing=0.1, memory_budget_bytes=_budget(n, 4, torch.float32), config=VOCAB)
@@ -120,8 +122,85 @@ def test_inplace_panels_with_one_gradient_only():
     flce_kernel()(xr, w, t, b, **kw).backward()
     torch.testing.assert_close(wr.grad, ws.grad, rtol=1e-6, atol=1e-8)
     torch.testing.assert_close(br.grad, bs.grad, rtol=1e-6, atol=1e-8)
-    # grad_x alone walks the budget's 4-column panels, not 32: float32 sums in another order
+    # grad_x alone walks other panels than with grad_W: float32 sums in another order
     torch.testing.assert_close(xr.grad, xs.grad, rtol=1e-4, atol=1e-7)
+
+
+def _check_plan(n, h, v, cols, cdt, gw_dt, gx_dt, need_gb, cfg):
+    """Replay `plan_backward`'s panels on a model of the memory: every gradient of every column
+    comes from exactly one panel, and no panel's logits sit on bytes still needed."""
+    r, panels = plan_backward(n, h, v, cols, cdt, gw_dt, gx_dt, need_gb, cfg)
+    written = [False] * v  # grad_W rows written so far
+    counts = {"gx": [0] * v, "gw": [0] * v, "gb": [0] * v}
+    rounded = False
+    for pn in panels:
+        assert 0 <= pn.v0 < pn.v1 <= v
+        if not pn.gx and gx_dt is not None:
+            rounded = True  # vocab_backward rounds grad_x before the first panel without it
+        assert not (pn.gx and rounded), "a grad_x term after grad_x was rounded"
+        if pn.where == "rows":
+            s = scratch_rows(n, h, pn.v1 - pn.v0, cdt, gw_dt)
+            span = range(pn.row, pn.row + s)
+            assert pn.row >= pn.v1 and pn.row + s <= v, "scratch overlaps its own rows"
+            assert not any(written[i] for i in span), "scratch on a written row"
+            if r and not rounded:
+                assert pn.row + s <= v - r, "scratch on the live accumulator"
+        elif pn.where == "gx":
+            assert gx_dt is not None and not rounded
+            assert n * (pn.v1 - pn.v0) * cdt.itemsize <= n * h * gx_dt.itemsize
+        else:
+            assert pn.v1 - pn.v0 <= cols
+        for name, on in (("gx", pn.gx), ("gw", pn.gw), ("gb", pn.gb)):
+            if on:
+                for c in range(pn.v0, pn.v1):
+                    counts[name][c] += 1
+        if pn.gw:
+            if r and not rounded:
+                assert pn.v1 <= v - r, "grad_W written over the live accumulator"
+            for c in range(pn.v0, pn.v1):
+                written[c] = True
+    for name, dt in (("gx", gx_dt), ("gw", gw_dt), ("gb", True if need_gb else None)):
+        assert counts[name] == [1 if dt is not None else 0] * v, name
+    return r, panels
+
+
+@pytest.mark.parametrize(
+    "n,h,v,cols",
+    [
+        (24, 16, 123, 20),
+        (24, 64, 300, 4),
+        (3, 5, 101, 8),
+        (64, 32, 5000, 16),
+        (8192, 2304, 256000, 64),
+        (8192, 4096, 128256, 64),
+        (24, 16, 40, 16),
+    ],
+)
+@pytest.mark.parametrize("cdt,gw_dt,gx_dt", [
+    (torch.float16, torch.float16, torch.float16), (torch.float32, torch.float32, torch.float32),
+    (torch.float16, torch.float32, torch.float32), (torch.float16, None, torch.float16),
+    (torch.float16, torch.float16, None),
+])  # fmt: skip
+def test_backward_plan_covers_every_column_once_and_keeps_live_bytes(
+    n, h, v, cols, cdt, gw_dt, gx_dt
+):
+    for cfg in (FlceConfig(), VOCAB, FlceConfig(vocab_inplace_cols=0)):
+        _check_plan(n, h, v, cols, cdt, gw_dt, gx_dt, True, cfg)
+
+
+def test_backward_plan_at_the_target_shape_walks_wide_panels():
+    # N=8192, H=2304, V=256000, a 1 MiB budget (64 columns): the panels are those of a far
+    # larger budget, in grad_W's rows and grad_x's buffer; only the accumulator's 2N rows are
+    # walked twice
+    n, h, v = 8192, 2304, 256000
+    bf = torch.bfloat16
+    r, panels = _check_plan(n, h, v, 64, bf, bf, bf, False, FlceConfig())
+    assert r == 2 * n
+    walked = sum(p.v1 - p.v0 for p in panels)
+    assert walked == v + r
+    widths = [p.v1 - p.v0 for p in panels if p.gx]
+    assert sum(widths) / len(widths) >= 4096
+    assert all(p.where != "own" for p in panels if p.gx)
 
 
 def test_the_tail_is_walked_when_it_should_be():
