@@ -63,9 +63,11 @@ def one(n, h, v, options, cfg, budget):
     def step():
         out = fused_linear_cross_entropy(x, w, t, b, memory_budget_bytes=budget, config=cfg, **kw)
         (out.loss if isinstance(out, tuple) else out).backward()
+        grads = (x.grad, w.grad)
         x.grad = w.grad = None
         if b is not None:
             b.grad = None
+        return grads
 
     for _ in range(2):
         step()
@@ -86,7 +88,9 @@ def one(n, h, v, options, cfg, budget):
             f = family(ev.name)
             fam[f] += ev.device_time_total / 1e3
             count[f] += 1
+    gx, gw = step()
     return {
+        "grads": (gx.float(), gw.float()),
         "wall_ms": wall_ms,
         "device_ms": {k: round(val, 3) for k, val in sorted(fam.items(), key=lambda kv: -kv[1])},
         "launches": dict(count),
@@ -100,8 +104,7 @@ def main() -> None:
     args = ap.parse_args()
     cfgs = {
         "shipped": FlceConfig(schedule="vocab"),
-        "inplace_4096": FlceConfig(schedule="vocab", vocab_inplace_cols=4096),
-        "inplace_0": FlceConfig(schedule="vocab", vocab_inplace_cols=0),
+        "gx_triton": FlceConfig(schedule="vocab", vocab_gx_cublas=False),
     }
     res = {
         "date": time.strftime("%F"),
@@ -111,9 +114,19 @@ def main() -> None:
         "runs": [],
     }
     for n, h, v in SHAPES:
+        first = None
         for name, cfg in cfgs.items():
             for options in (False, True) if name == "shipped" else (False,):
                 r = one(n, h, v, options, cfg, 1 << 20)
+                grads = r.pop("grads")
+                if not options:  # the configs differ only in summation order
+                    if first is None:
+                        first = grads
+                    else:
+                        r["rel_diff_vs_shipped"] = [
+                            float((a - b).norm() / b.norm()) for a, b in zip(grads, first, strict=True)
+                        ]
+                del grads
                 r.update(N=n, H=h, V=v, config=name, options=options, budget_bytes=1 << 20)
                 res["runs"].append(r)
                 print(json.dumps(r), flush=True)

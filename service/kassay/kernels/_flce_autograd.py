@@ -23,6 +23,7 @@ from kassay.kernels._flce_launch import (
     _launch_gemm_tn,
     _launch_grads,
     _scale_,
+    flop_per_byte,
     plan_rows,
     plan_schedule,
 )
@@ -343,6 +344,7 @@ class _FLCEFunction(torch.autograd.Function):
                 grads=need_gx or need_gw or need_gb,
                 per_row=defer,
                 min_cols=cfg.vocab_min_cols,
+                flop_per_byte=flop_per_byte(xc.device),
             )
             if plan.schedule == "vocab":
                 return _vocab_forward(

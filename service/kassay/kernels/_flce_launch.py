@@ -60,6 +60,28 @@ class Plan(NamedTuple):
 #: (4-5 launches of ~4 µs of gaps each). Only the comparison of the two schedules uses them.
 _FLOP_PER_BYTE = 160.0
 _FLOP_PER_CHUNK = 1.2e10
+#: The H100 (SXM, 3.35 TB/s against the H200's 4.8, about the same GEMM rate) pays more GEMM
+#: time per byte. Fitted to its curve (bench/results/flce-budgets-h100-2026-12-07-*.json, both
+#: shapes, every budget): 180-220 pick the faster schedule at every measured budget; 160 took
+#: the row schedule at 62 MiB (62.2 ms) over the vocabulary schedule (57.3 ms), 230 the
+#: vocabulary schedule at 187 MiB of the second shape (67.4 ms against 63.6).
+_FLOP_PER_BYTE_BY_GPU = {"H100": 200.0}
+
+
+@functools.cache
+def _flop_per_byte_of(device_index: int) -> float:
+    name = torch.cuda.get_device_name(device_index)
+    for key, value in _FLOP_PER_BYTE_BY_GPU.items():
+        if key in name:
+            return value
+    return _FLOP_PER_BYTE
+
+
+def flop_per_byte(device: torch.device) -> float:
+    """`plan_schedule`'s FLOP per byte of DRAM traffic on this device (the H200's off CUDA)."""
+    if device.type != "cuda":
+        return _FLOP_PER_BYTE
+    return _flop_per_byte_of(device.index if device.index is not None else 0)
 
 
 def plan_schedule(
@@ -73,6 +95,7 @@ def plan_schedule(
     grads: bool = True,
     per_row: bool = False,
     min_cols: int = 64,
+    flop_per_byte: float = _FLOP_PER_BYTE,
 ) -> Plan:
     """The schedule and chunk of one call: with schedule "auto" the cheaper of the two by the
     cost model below among those whose working memory fits `budget_bytes` (if neither fits,
@@ -83,7 +106,7 @@ def plan_schedule(
     accumulator per chunk after the first (4·V·H bytes). Vocabulary schedule
     (`_flce_vocab`): panels of `plan_rows(v, n, ...)` columns, at least `min_cols`; FLOP
     8·N·H·V + 2·N·H·2N (the tail, see `_flce_vocab`), plus a float32 grad_x accumulator read
-    and written per panel (8·N·H bytes). Without gradients both are 2·N·H·V."""
+    and written per backward panel (8·N·H bytes), those panels at least H columns wide. Without gradients both are 2·N·H·V."""
     rows = plan_rows(n, v, elem_bytes, budget_bytes)
     chunks = -(-n // rows)
     cols = max(min(min_cols, v), plan_rows(v, n, elem_bytes, budget_bytes))
@@ -97,9 +120,12 @@ def plan_schedule(
     nhv = float(n) * h * v
     if grads:
         row_cost = (8.0 if per_row else 6.0) * nhv
-        row_cost += max(0, chunks - 1) * 4.0 * v * h * _FLOP_PER_BYTE
+        row_cost += max(0, chunks - 1) * 4.0 * v * h * flop_per_byte
         vocab_cost = 8.0 * nhv + 2.0 * n * h * min(v, 2 * n)
-        vocab_cost += panels * 8.0 * n * h * _FLOP_PER_BYTE
+        # the backward's panels are at least H wide whatever the budget (grad_x's own buffer
+        # holds one, `_flce_vocab.plan_backward`); the forward's spend the gradients' bytes
+        panels = -(-v // max(cols, min(v, h)))
+        vocab_cost += panels * 8.0 * n * h * flop_per_byte
     else:
         row_cost = vocab_cost = 2.0 * nhv
     row_cost += chunks * _FLOP_PER_CHUNK

@@ -46,6 +46,7 @@ reduction='none' costs no second pass here.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -211,6 +212,43 @@ def _round_cols(c: int) -> int:
     if c >= 128:
         return c - c % 64
     return c
+
+
+@functools.cache
+def _cublas_out_dtype(device_index: int) -> bool:
+    """Whether this torch's CUDA `addmm` takes `out_dtype` (16-bit operands, float32 C: torch
+    2.8 on), tried once per device on a small product against a float32 reference."""
+    dev = torch.device("cuda", device_index)
+    a = torch.randn(32, 16, device=dev)
+    b = torch.randn(16, 24, device=dev)
+    c = torch.randn(32, 24, device=dev)
+    want = c + a.half().float() @ b.half().float()
+    try:
+        torch.addmm(c, a.half(), b.half(), out_dtype=torch.float32, out=c)
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(c, want, rtol=1e-4, atol=1e-4))
+
+
+def _accumulate_gx(acc, z, wp, accumulate: bool, one, cfg: FlceConfig) -> None:
+    """acc [N, H] float32 (+)= z [N, P] @ W_p [P, H]. cuBLAS where it writes float32 from 16-bit
+    operands (`cfg.vocab_gx_cublas`; H100: ~690 TFLOP/s against ~550 for the Triton TMA
+    kernel at H=2304, research/results/flce-vocab-profile-h100-2026-12-07.json), else the
+    Triton TN kernel, written as (z^T)^T @ W_p."""
+    if cfg.vocab_gx_cublas and z.is_cuda and not INTERPRETED:
+        if z.dtype == torch.float32:
+            if accumulate:
+                torch.addmm(acc, z, wp, out=acc)
+            else:
+                torch.mm(z, wp, out=acc)
+            return
+        if _cublas_out_dtype(z.device.index or 0):
+            if accumulate:
+                torch.addmm(acc, z, wp, out_dtype=torch.float32, out=acc)
+            else:
+                torch.mm(z, wp, out_dtype=torch.float32, out=acc)
+            return
+    _launch_gemm_tn(z.t(), wp, acc, one, accumulate=accumulate, cfg=cfg)
 
 
 def plan_backward(
@@ -405,8 +443,7 @@ def vocab_backward(
                 else:  # autocast with float32 weights: float32 out of 16-bit operands
                     _launch_gemm_tn(z, xc, out, one, accumulate=False, cfg=cfg)
             if pn.gx and acc is not None:
-                # acc [N, H] (+)= z @ W_p, written as (z^T)^T @ W_p for the TN kernel
-                _launch_gemm_tn(z.t(), wp, acc, one, accumulate=seen, cfg=cfg)
+                _accumulate_gx(acc, z, wp, seen, one, cfg)
                 seen = True
         if acc is not None and not rounded:
             finish_gx()

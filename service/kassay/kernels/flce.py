@@ -59,7 +59,7 @@ import torch
 from torch import nn
 
 from kassay.kernels._flce_autograd import _autocast_dtype, _FLCEFunction
-from kassay.kernels._flce_launch import INTERPRETED, Plan, plan_rows, plan_schedule
+from kassay.kernels._flce_launch import INTERPRETED, Plan, flop_per_byte, plan_rows, plan_schedule
 from kassay.kernels.flce_config import DEFAULT_CONFIG, DEFAULT_MEMORY_BUDGET_BYTES, FlceConfig
 
 __all__ = [
@@ -249,7 +249,7 @@ def plan_call(
     return plan_schedule(
         n, x.shape[-1], weight.shape[0], es, _resolve_budget(memory_budget_bytes, cfg, x.device),
         schedule=cfg.schedule, grads=grads, per_row=reduction == "none",
-        min_cols=cfg.vocab_min_cols,
+        min_cols=cfg.vocab_min_cols, flop_per_byte=flop_per_byte(x.device),
     )  # fmt: skip
 
 

@@ -79,7 +79,9 @@ class FlceConfig:
             exceeded rather than the panel made narrower); vocab_inplace_cols: the widest
             backward panel kept in grad_weight's unwritten rows (0: never there);
             vocab_forward_max_cols: the widest forward panel (the forward may use up to the
-            gradients' bytes beyond the budget: its peak stays below the backward's).
+            gradients' bytes beyond the budget: its peak stays below the backward's);
+            vocab_gx_cublas: grad_x's float32 accumulation by cuBLAS (`addmm` with
+            `out_dtype`, where this torch has it) rather than the Triton TN kernel.
     """
 
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
@@ -107,6 +109,7 @@ class FlceConfig:
     vocab_min_cols: int = K.VOCAB_MIN_COLS
     vocab_inplace_cols: int = K.VOCAB_INPLACE_COLS
     vocab_forward_max_cols: int = K.VOCAB_FORWARD_MAX_COLS
+    vocab_gx_cublas: bool = K.VOCAB_GX_CUBLAS
 
     def __post_init__(self) -> None:
         # fail at construction, not deep inside a launch

@@ -323,6 +323,25 @@ def test_plan_schedule_picks_by_cost_and_fit():
     assert tiny.work_bytes == min(128256 * 2, 8192 * 64 * 2)
 
 
+@pytest.mark.parametrize(
+    "shape,mib,fpb,want",
+    [
+        # the H100 curve of 2026-12-07 (bench/results/flce-budgets-h100-2026-12-07-run2.json):
+        # the vocabulary schedule ran 57.3 ms (shape 1) and 67.4 ms (shape 2) at any budget;
+        # the row schedule 62.2 / 54.4 ms at 62 / 93 MiB (shape 1), 75.0 / 63.6 ms at 125 /
+        # 187 MiB (shape 2): the planner must take the faster one at each
+        ((8192, 4096, 128256), 62.6, 200.0, "vocab"),
+        ((8192, 4096, 128256), 93.9, 200.0, "rows"),
+        ((8192, 2304, 256000), 125.0, 200.0, "vocab"),
+        ((8192, 2304, 256000), 187.5, 200.0, "rows"),
+    ],
+)
+def test_plan_schedule_follows_the_measured_curve(shape, mib, fpb, want):
+    n, h, v = shape
+    p = plan_schedule(n, h, v, 2, int(mib * 2**20), flop_per_byte=fpb)
+    assert p.schedule == want
+
+
 def test_config_schedule_is_checked():
     with pytest.raises(ValueError, match="schedule must be"):
         FlceConfig(schedule="columns")
