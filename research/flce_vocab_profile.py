@@ -124,7 +124,8 @@ def main() -> None:
                         first = grads
                     else:
                         r["rel_diff_vs_shipped"] = [
-                            float((a - b).norm() / b.norm()) for a, b in zip(grads, first, strict=True)
+                            float((a - b).norm() / b.norm())
+                            for a, b in zip(grads, first, strict=True)
                         ]
                 del grads
                 r.update(N=n, H=h, V=v, config=name, options=options, budget_bytes=1 << 20)
