@@ -358,6 +358,16 @@ def options_ab(x, w, t, n, h, v, result, repeats=3):
     result.setdefault("options_ab", []).extend(rows)
 
 
+def run_options(args, result):
+    """The options A/B alone, both shapes (what `--budgets` runs after its curve)."""
+    for n, h, v in SHAPES[:1] if args.quick else SHAPES:
+        x, w, t = make_inputs(n, h, v)
+        options_ab(x, w, t, n, h, v, result)
+        del x, w, t
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
 def run_ab(args, result):
     """kassay's default call at both target shapes: `--ab-repeats` do_bench medians each."""
     rows = []
@@ -393,6 +403,7 @@ def main():
     ap.add_argument("--budgets", action="store_true", help="the time-memory curve (see above)")
     ap.add_argument("--min-rows", type=int, default=16, help="--budgets: smallest chunk, rows")
     ap.add_argument("--ab", action="store_true", help="kassay's default call only (A/B)")
+    ap.add_argument("--options", action="store_true", help="the options A/B only")
     ap.add_argument("--ab-repeats", type=int, default=5)
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -402,8 +413,8 @@ def main():
         "flop_model": "6*N*H*V",
         "inputs": "x~N(0,1), W~N(0,1/H), bf16; 10% of targets = ignore_index; reduction mean",
     }
-    if args.ab or args.budgets:
-        (run_ab if args.ab else run_budgets)(args, result)
+    if args.ab or args.budgets or args.options:
+        (run_ab if args.ab else run_options if args.options else run_budgets)(args, result)
         result["wall_s"] = time.time() - t_start
         save_json(result, args.out)
         return

@@ -22,6 +22,8 @@
 #   flce      the memory-speed curve of both schedules and every peer, both shapes (~300 s)
 #   vocab     #40: research/flce_vocab_profile.py (where the vocabulary schedule's time goes,
 #             ~60 s), the FLCE GPU tests of both schedules (~120 s), then the curve (`flce`)
+#   vocab2    #40, a shorter round: the profile, the FLCE GPU tests, the options A/B
+#             (bench/flce.py --options) and `kassay selftest --device cuda` (~500 s)
 #   gputests  the whole GPU test suite, alone (~400 s)
 #   sandbox   #31's CUDA IPC transport (tests/gpu/test_cuda_ipc_gpu.py), the sandboxed Triton
 #             artifact (test_sandbox_gpu.py) and #30's op plugin on CUDA (test_op_plugin_gpu.py)
@@ -35,7 +37,7 @@
 #             m_stale_lse failed; m_label_smoothing_weight inconclusive. At 1000 steps,
 #             2026-12-05: 484 s, those verdicts)
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|vocab|gputests|sandbox|codejobs|convergence}
+stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|vocab|vocab2|gputests|sandbox|codejobs|convergence}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
@@ -93,6 +95,14 @@ vocab)
         tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
         tests/gpu/test_kernel_flce_options_gpu.py
     step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
+    ;;
+vocab2)
+    step vocab-profile 60 python3 research/flce_vocab_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
+    step gpu-flce 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
+        tests/gpu/test_kernel_flce_options_gpu.py
+    step flce-options 100 python3 bench/flce.py --options --out "$out/flce-options-$gpu-$day.json"
+    step selftest 240 python3 -m kassay.cli selftest --device cuda
     ;;
 sandbox)
     step gpu-sandbox 500 python3 -m pytest -q -m gpu -rA -p no:cacheprovider \

@@ -251,6 +251,23 @@ def _accumulate_gx(acc, z, wp, accumulate: bool, one, cfg: FlceConfig) -> None:
     _launch_gemm_tn(z.t(), wp, acc, one, accumulate=accumulate, cfg=cfg)
 
 
+def _column_sums(out: torch.Tensor, z: torch.Tensor) -> None:
+    """out [P] float32 = Σ_rows z [N, P]. On CUDA with 16-bit z, a cuBLAS product with a ones
+    row (float32 accumulation and output, exact products): one read of the panel at the
+    bandwidth, where `z.sum(0, dtype=float32)` took 2.2 ms of 64 at N=8192, H=2304,
+    V=256000 (H100, research/results/flce-vocab-profile-h100-2026-12-07-run3.json)."""
+    if (
+        z.is_cuda
+        and not INTERPRETED
+        and z.dtype != torch.float32
+        and _cublas_out_dtype(z.device.index or 0)
+    ):
+        ones = torch.ones((1, z.shape[0]), dtype=z.dtype, device=z.device)
+        torch.mm(ones, z, out_dtype=torch.float32, out=out.view(1, -1))
+        return
+    out.copy_(z.sum(0, dtype=torch.float32))
+
+
 def plan_backward(
     n: int,
     h: int,
@@ -435,7 +452,7 @@ def vocab_backward(
                 num_warps=warps,
             )
             if pn.gb and gb is not None:
-                gb[v0:v1] = z.sum(0, dtype=f32)
+                _column_sums(gb[v0:v1], z)
             if pn.gw and gw is not None:
                 out = gw[v0:v1]
                 if gw_dtype == cdt:
