@@ -46,7 +46,6 @@ reduction='none' costs no second pass here.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -214,10 +213,19 @@ def _round_cols(c: int) -> int:
     return c
 
 
-@functools.cache
+_OUT_DTYPE_OK: dict[int, bool] = {}
+
+
 def _cublas_out_dtype(device_index: int) -> bool:
     """Whether this torch's CUDA `addmm` takes `out_dtype` (16-bit operands, float32 C: torch
-    2.8 on), tried once per device on a small product against a float32 reference."""
+    2.8 on), tried once per device on a small product against a float32 reference. Inside a
+    CUDA graph capture (kassay's timing may capture a call) an untried device answers False
+    for that call without trying: the check synchronises, which a capture forbids."""
+    known = _OUT_DTYPE_OK.get(device_index)
+    if known is not None:
+        return known
+    if torch.cuda.is_current_stream_capturing():
+        return False
     dev = torch.device("cuda", device_index)
     a = torch.randn(32, 16, device=dev)
     b = torch.randn(16, 24, device=dev)
@@ -225,9 +233,11 @@ def _cublas_out_dtype(device_index: int) -> bool:
     want = c + a.half().float() @ b.half().float()
     try:
         torch.addmm(c, a.half(), b.half(), out_dtype=torch.float32, out=c)
+        ok = bool(torch.allclose(c, want, rtol=1e-4, atol=1e-4))
     except (RuntimeError, TypeError, NotImplementedError):
-        return False
-    return bool(torch.allclose(c, want, rtol=1e-4, atol=1e-4))
+        ok = False
+    _OUT_DTYPE_OK[device_index] = ok
+    return ok
 
 
 def _accumulate_gx(acc, z, wp, accumulate: bool, one, cfg: FlceConfig) -> None:
