@@ -1,10 +1,12 @@
 """Where the vocabulary schedule's time goes: device time per kernel family of one forward +
 backward, at the leanest budget (1 MiB) and with every option on, at both target shapes.
 
-A probe for #40, not a benchmark: bench/flce.py makes the claims. Kernel families are matched
-by name (cuBLAS/CUTLASS GEMMs, the panel kernels, the TMA grad_x GEMM, reductions, copies).
+bench/flce.py makes the speed claims; this says where a call's device time goes, by kernel
+family matched by name (cuBLAS/CUTLASS GEMMs, the panel kernels, the Triton grad_x GEMM,
+reductions, copies), for the shipped config and with grad_x by the Triton kernel
+(`vocab_gx_cublas=False`), whose gradients must match the shipped ones.
 
-    python3 research/flce_vocab_profile.py --out $OUT/flce-vocab-profile.json
+    python3 bench/flce_profile.py --out $OUT/flce-vocab-profile.json
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def main() -> None:
         "date": time.strftime("%F"),
         "gpu": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "command": "python3 research/flce_vocab_profile.py --out ...",
+        "command": "python3 bench/flce_profile.py --out ...",
         "runs": [],
     }
     for n, h, v in SHAPES:

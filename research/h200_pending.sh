@@ -20,7 +20,7 @@
 #             slowed runs) and #15's bench/ci_latency.py (~300 s)
 #   engine    alone on the GPU: the README's engine table from examples/h200.yaml (~150 s)
 #   flce      the memory-speed curve of both schedules and every peer, both shapes (~300 s)
-#   vocab     #40: research/flce_vocab_profile.py (where the vocabulary schedule's time goes,
+#   vocab     #40: bench/flce_profile.py (where the vocabulary schedule's time goes,
 #             ~60 s), the FLCE GPU tests of both schedules (~120 s), then the curve (`flce`)
 #   vocab2    #40, a shorter round: the profile, the FLCE GPU tests, the options A/B
 #             (bench/flce.py --options) and `kassay selftest --device cuda` (~500 s)
@@ -90,14 +90,14 @@ flce)
     step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
     ;;
 vocab)
-    step vocab-profile 90 python3 research/flce_vocab_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
+    step vocab-profile 90 python3 bench/flce_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
     step gpu-flce 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
         tests/gpu/test_kernel_flce_options_gpu.py
     step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
     ;;
 vocab2)
-    step vocab-profile 60 python3 research/flce_vocab_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
+    step vocab-profile 60 python3 bench/flce_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
     step gpu-flce 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
         tests/gpu/test_kernel_flce_options_gpu.py

@@ -50,7 +50,12 @@ def test_plot_script_writes_table_and_png(tmp_path):
     import matplotlib  # noqa: F401  (dev extra: the plot must be drawn in CI)
 
     curve = [_row("kassay", 50.0, 1.0, 256), _row("kassay", 40.0, 1.5, 1792)]
-    data = {"curve": curve, "peers": [_row("liger", 54.0, 1.1)], "verdicts": ["v"]}
+    curve[0]["schedule"] = curve[1]["schedule"] = "rows"
+    vocab = [
+        {**_row("kassay", 60.0, 0.9), "schedule": "vocab", "cols_per_panel": c}
+        for c in (64, 512, 8192)
+    ]
+    data = {"curve": curve + vocab, "peers": [_row("liger", 54.0, 1.1)], "verdicts": ["v"]}
     src = tmp_path / "curve.json"
     src.write_text(json.dumps(data))
     res = subprocess.run(
@@ -59,6 +64,9 @@ def test_plot_script_writes_table_and_png(tmp_path):
         text=True,
         check=True,
     )
-    assert "| 8, 4, 16 | liger |  | 54.00 | 1.10 |" in res.stdout
+    # both schedules in the table, each point's chunk named in its own unit
+    assert "| 8, 4, 16 | kassay | rows | 256 rows | 50.00 | 1.000 |" in res.stdout
+    assert "| 8, 4, 16 | kassay | vocab | 512 cols | 60.00 | 0.900 |" in res.stdout
+    assert "| 8, 4, 16 | liger |  |  | 54.00 | 1.100 |" in res.stdout
     png = tmp_path / "curve.png"
     assert png.read_bytes()[:4] == b"\x89PNG"
