@@ -118,6 +118,10 @@ def impls():
         out["cce"] = lambda x, w, t: linear_cross_entropy(x, w, t)
     except Exception as e:  # pragma: no cover
         print("cce unavailable:", repr(e))
+    if hasattr(F, "linear_cross_entropy"):  # torch's own chunked FLCE, from torch 2.13
+        out["torch_native"] = lambda x, w, t: F.linear_cross_entropy(x, w, t)
+    else:
+        print(f"torch_native unavailable: torch {torch.__version__} has no F.linear_cross_entropy")
     return out
 
 
