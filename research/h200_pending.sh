@@ -57,6 +57,13 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep its log, say h
     tail -n 15 "$out/$name.log"
 }
 
+flce_checks() {  # #40: where the vocabulary schedule's time goes, then the FLCE GPU tests
+    step vocab-profile 90 python3 bench/flce_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
+    step gpu-flce 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
+        tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
+        tests/gpu/test_kernel_flce_options_gpu.py
+}
+
 timing_tests=(tests/gpu/test_timing_gpu.py tests/gpu/test_compare_gate_gpu.py)
 
 case $stage in
@@ -90,17 +97,11 @@ flce)
     step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
     ;;
 vocab)
-    step vocab-profile 90 python3 bench/flce_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
-    step gpu-flce 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
-        tests/gpu/test_kernel_flce_options_gpu.py
+    flce_checks
     step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
     ;;
 vocab2)
-    step vocab-profile 60 python3 bench/flce_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
-    step gpu-flce 150 python3 -m pytest -q -m gpu -p no:cacheprovider \
-        tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
-        tests/gpu/test_kernel_flce_options_gpu.py
+    flce_checks
     step flce-options 100 python3 bench/flce.py --options --out "$out/flce-options-$gpu-$day.json"
     step selftest 240 python3 -m kassay.cli selftest --device cuda
     ;;

@@ -85,8 +85,9 @@ VOCAB_MIN_COLS = 64
 # Forward panels: up to VOCAB_FORWARD_MAX_COLS, in the gradients' bytes.
 VOCAB_INPLACE_COLS = 8192
 VOCAB_FORWARD_MAX_COLS = 8192
-# grad_x += dlogits @ W_p by cuBLAS into the float32 accumulator (H100: 17.5 -> ~14 ms of
-# 66 at N=8192, H=2304, V=256000), where torch's addmm takes out_dtype.
+# grad_x += dlogits @ W_p by cuBLAS into the float32 accumulator, where torch's addmm takes
+# out_dtype (H100, N=8192, H=2304, V=256000: 65.5 -> 63.1 ms of device time, the Triton
+# kernel's 17.5 ms of it at ~550 TFLOP/s; research/results/flce-vocab-profile-h100-2026-12-07-run4.json).
 VOCAB_GX_CUBLAS = True
 
 FIN_BLOCK_GPU = 4096

@@ -240,42 +240,45 @@ def _cublas_out_dtype(device_index: int) -> bool:
     return ok
 
 
-def _accumulate_gx(acc, z, wp, accumulate: bool, one, cfg: FlceConfig) -> None:
-    """acc [N, H] float32 (+)= z [N, P] @ W_p [P, H]. cuBLAS where it writes float32 from 16-bit
-    operands (`cfg.vocab_gx_cublas`; H100: ~690 TFLOP/s against ~550 for the Triton TMA
-    kernel at H=2304, research/results/flce-vocab-profile-h100-2026-12-07.json), else the
-    Triton TN kernel, written as (z^T)^T @ W_p."""
-    if cfg.vocab_gx_cublas and z.is_cuda and not INTERPRETED:
-        if z.dtype == torch.float32:
-            if accumulate:
-                torch.addmm(acc, z, wp, out=acc)
-            else:
-                torch.mm(z, wp, out=acc)
-            return
-        if _cublas_out_dtype(z.device.index or 0):
-            if accumulate:
-                torch.addmm(acc, z, wp, out_dtype=torch.float32, out=acc)
-            else:
-                torch.mm(z, wp, out_dtype=torch.float32, out=acc)
-            return
-    _launch_gemm_tn(z.t(), wp, acc, one, accumulate=accumulate, cfg=cfg)
-
-
-def _column_sums(out: torch.Tensor, z: torch.Tensor) -> None:
-    """out [P] float32 = Σ_rows z [N, P]. On CUDA with 16-bit z, a cuBLAS product with a ones
-    row (float32 accumulation and output, exact products): one read of the panel at the
-    bandwidth, where `z.sum(0, dtype=float32)` took 2.2 ms of 64 at N=8192, H=2304,
-    V=256000 (H100, research/results/flce-vocab-profile-h100-2026-12-07-run3.json)."""
-    if (
+def _cublas_f32_out(z: torch.Tensor) -> bool:
+    """Whether cuBLAS can write float32 from this 16-bit CUDA operand (see `_cublas_out_dtype`)."""
+    return (
         z.is_cuda
         and not INTERPRETED
         and z.dtype != torch.float32
         and _cublas_out_dtype(z.device.index or 0)
-    ):
-        ones = torch.ones((1, z.shape[0]), dtype=z.dtype, device=z.device)
+    )
+
+
+def _accumulate_gx(acc, z, wp, accumulate: bool, one, cfg: FlceConfig) -> None:
+    """acc [N, H] float32 (+)= z [N, P] @ W_p [P, H]. cuBLAS where it writes float32 from 16-bit
+    operands (`cfg.vocab_gx_cublas`: at H=2304 the Triton TMA kernel took 17.5 ms, ~550
+    TFLOP/s, cuBLAS ~685, research/results/flce-vocab-profile-h100-2026-12-07-run4.json), else
+    the Triton TN kernel, written as (z^T)^T @ W_p."""
+    if cfg.vocab_gx_cublas and z.is_cuda and not INTERPRETED and z.dtype == torch.float32:
+        if accumulate:
+            torch.addmm(acc, z, wp, out=acc)
+        else:
+            torch.mm(z, wp, out=acc)
+    elif cfg.vocab_gx_cublas and _cublas_f32_out(z):
+        if accumulate:
+            torch.addmm(acc, z, wp, out_dtype=torch.float32, out=acc)
+        else:
+            torch.mm(z, wp, out_dtype=torch.float32, out=acc)
+    else:
+        _launch_gemm_tn(z.t(), wp, acc, one, accumulate=accumulate, cfg=cfg)
+
+
+def _column_sums(out: torch.Tensor, z: torch.Tensor, ones: torch.Tensor | None) -> None:
+    """out [P] float32 = Σ_rows z [N, P]. With `ones` ([1, N] in z's dtype, given where
+    `_cublas_f32_out`), a cuBLAS product (float32 accumulation and output, exact products):
+    one read of the panel at the bandwidth, where `z.sum(0, dtype=float32)` took 2.2 ms of 64
+    at N=8192, H=2304, V=256000 (H100, research/results/flce-vocab-profile-h100-2026-12-07-run3
+    .json)."""
+    if ones is not None:
         torch.mm(ones, z, out_dtype=torch.float32, out=out.view(1, -1))
-        return
-    out.copy_(z.sum(0, dtype=torch.float32))
+    else:
+        out.copy_(z.sum(0, dtype=torch.float32))
 
 
 def plan_backward(
@@ -303,18 +306,19 @@ def plan_backward(
     grad_x (and grad_b) before it is rounded, then for grad_W with the scratch at their end."""
     gw_on = gw_dtype is not None
     gx_on = gx_dtype is not None
-    r = tail_rows(n, h, v, cols, gw_dtype) if (gw_on and gx_on) else 0
+    gw_dt = gw_dtype if gw_dtype is not None else cdt  # read only where grad_W is computed
+    r = tail_rows(n, h, v, cols, gw_dt) if (gw_on and gx_on) else 0
     wide = min(int(cfg.vocab_inplace_cols), v) if gw_on else 0
     gx_cols = _round_cols(min(v, h * gx_dtype.itemsize // cdt.itemsize)) if gx_on else 0
-    row_bytes = h * gw_dtype.itemsize if gw_on else 0
+    row_bytes = h * gw_dt.itemsize if gw_on else 0
 
     def in_rows(q: int, end: int) -> tuple[int, int]:
         """Widest panel from column q whose scratch fits the unwritten rows [q + c, end)."""
         if not wide:
             return 0, -1
-        c = _round_cols(min(wide, _fitting_cols(end - q, n, h, cdt, gw_dtype)))  # type: ignore[arg-type]
+        c = _round_cols(min(wide, _fitting_cols(end - q, n, h, cdt, gw_dt)))
         while c > 0:
-            row = end - scratch_rows(n, h, c, cdt, gw_dtype)  # type: ignore[arg-type]
+            row = end - scratch_rows(n, h, c, cdt, gw_dt)
             while row > q + c and (row * row_bytes) % 16:  # TMA wants 16-byte aligned panels
                 row -= 1
             if row >= q + c and (row * row_bytes) % cdt.itemsize == 0:
@@ -410,6 +414,7 @@ def vocab_backward(
         else:
             acc = torch.empty((n, h), dtype=f32, device=dev)
     one = torch.ones(1, dtype=f32, device=dev)
+    ones = torch.ones((1, n), dtype=cdt, device=dev) if need_gb and _cublas_f32_out(xc) else None
     own: list[torch.Tensor] = []  # the budget's panel buffer, allocated when first needed
     seen = False  # whether the accumulator holds a panel yet (the first one stores)
     rounded = False
@@ -462,7 +467,7 @@ def vocab_backward(
                 num_warps=warps,
             )
             if pn.gb and gb is not None:
-                _column_sums(gb[v0:v1], z)
+                _column_sums(gb[v0:v1], z, ones)
             if pn.gw and gw is not None:
                 out = gw[v0:v1]
                 if gw_dtype == cdt:
