@@ -3,7 +3,8 @@ backward, at the leanest budget (1 MiB) and with every option on, at both target
 
 bench/flce.py makes the speed claims; this says where a call's device time goes, by kernel
 family matched by name (cuBLAS/CUTLASS GEMMs, the panel kernels, the Triton grad_x GEMM,
-reductions, copies), for the shipped config and with grad_x by the Triton kernel
+reductions, copies), for the shipped config, with every backward panel's logits recomputed
+(`vocab_keep_logits=False`: what the kept logits save) and with grad_x by the Triton kernel
 (`vocab_gx_cublas=False`), whose gradients must match the shipped ones.
 
     python3 bench/flce_profile.py --out $OUT/flce-vocab-profile.json
@@ -106,6 +107,7 @@ def main() -> None:
     args = ap.parse_args()
     cfgs = {
         "shipped": FlceConfig(schedule="vocab"),
+        "recompute": FlceConfig(schedule="vocab", vocab_keep_logits=False),
         "gx_triton": FlceConfig(schedule="vocab", vocab_gx_cublas=False),
     }
     res = {

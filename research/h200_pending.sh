@@ -22,8 +22,8 @@
 #   flce      the memory-speed curve of both schedules and every peer, both shapes (~300 s)
 #   vocab     #40: bench/flce_profile.py (where the vocabulary schedule's time goes,
 #             ~60 s), the FLCE GPU tests of both schedules (~120 s), then the curve (`flce`)
-#   vocab2    #40, a shorter round: the profile, the FLCE GPU tests, the options A/B
-#             (bench/flce.py --options) and `kassay selftest --device cuda` (~500 s)
+#   vocab2    #40, after `vocab`: the options A/B (bench/flce.py --options) and `kassay
+#             selftest --device cuda` (~300 s)
 #   gputests  the whole GPU test suite, alone (~400 s)
 #   sandbox   #31's CUDA IPC transport (tests/gpu/test_cuda_ipc_gpu.py), the sandboxed Triton
 #             artifact (test_sandbox_gpu.py) and #30's op plugin on CUDA (test_op_plugin_gpu.py)
@@ -101,7 +101,6 @@ vocab)
     step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
     ;;
 vocab2)
-    flce_checks
     step flce-options 100 python3 bench/flce.py --options --out "$out/flce-options-$gpu-$day.json"
     step selftest 240 python3 -m kassay.cli selftest --device cuda
     ;;

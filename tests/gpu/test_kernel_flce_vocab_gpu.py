@@ -53,6 +53,31 @@ def test_bf16_grid(bias, red, ls, ign, cap, zls):
     )  # fmt: skip
 
 
+def test_kept_logits_match_recomputed_ones_bf16():
+    # the grid's shape keeps 1280 columns' logits from the forward (`plan_kept`): the same
+    # gradients as with every panel recomputed (bf16 logits GEMMs of other widths: a few
+    # roundings apart), and a second backward (retain_graph) recomputes to the same gradients
+    from kassay.kernels._flce_vocab import plan_kept
+
+    n, h, v = 300, 256, 4099
+    assert plan_kept(n, h, v, torch.bfloat16, torch.bfloat16, True, VOCAB) is not None
+    x, w, t, b = _inputs(n, h, v, torch.bfloat16, True, 0.2)
+    kw = dict(label_smoothing=0.1, softcap=20.0, z_loss_scale=1e-3, memory_budget_bytes=n * 512 * 2)
+    runs = []
+    for cfg in (VOCAB, FlceConfig(schedule="vocab", vocab_keep_logits=False)):
+        xr, wr, br = (a.clone().requires_grad_() for a in (x, w, b))
+        loss = flce_kernel()(xr, wr, t, br, config=cfg, **kw)
+        loss.backward(retain_graph=True)
+        first = [a.grad.clone() for a in (xr, wr, br)]
+        xr.grad = wr.grad = br.grad = None
+        loss.backward()
+        for a, c in zip(first, (xr.grad, wr.grad, br.grad), strict=True):
+            assert rel_l2(c, a) <= 4e-3
+        runs.append(first)
+    for a, c in zip(*runs, strict=True):
+        assert rel_l2(a, c) <= 4e-3
+
+
 @pytest.mark.parametrize("red", ["mean", "sum", "none"])
 @pytest.mark.parametrize("ts", [False, True])
 def test_bf16_options(red, ts):

@@ -27,7 +27,13 @@ from kassay.kernels._flce_launch import (
     plan_rows,
     plan_schedule,
 )
-from kassay.kernels._flce_vocab import VocabStats, vocab_backward, vocab_forward
+from kassay.kernels._flce_vocab import (
+    KeptLogits,
+    VocabStats,
+    plan_kept,
+    vocab_backward,
+    vocab_forward,
+)
 from kassay.kernels.flce_config import FlceConfig
 
 
@@ -345,6 +351,7 @@ class _FLCEFunction(torch.autograd.Function):
                 per_row=defer,
                 min_cols=cfg.vocab_min_cols,
                 flop_per_byte=flop_per_byte(xc.device),
+                keep_logits=need_gw and cfg.vocab_keep_logits,
             )
             if plan.schedule == "vocab":
                 return _vocab_forward(
@@ -471,14 +478,23 @@ def _vocab_forward(
     ignore_index, label_smoothing, softcap, z_loss_scale, token_scaling, want_accuracy, cols,
     cfg, needs,
 ):  # fmt: skip
-    """Forward of the vocabulary-panel schedule (`_flce_vocab`): row statistics only; every
-    gradient is computed in backward, grad_output folded in."""
+    """Forward of the vocabulary-panel schedule (`_flce_vocab`): row statistics; every
+    gradient is computed in backward, grad_output folded in. Where grad_weight is computed
+    (and `cfg.vocab_keep_logits`), its buffer is allocated here and the logits of its first
+    columns are left in it for the backward (`_flce_vocab.plan_kept`)."""
     w = weight if weight.is_contiguous() else weight.contiguous()
     b = None if bias is None else bias.contiguous()
     v = w.shape[0]
+    keep = None
+    if needs[1]:
+        kp = plan_kept(xc.shape[0], xc.shape[1], v, xc.dtype, weight.dtype, needs[0], cfg)
+        if kp is not None:
+            gw = torch.empty((v, xc.shape[1]), dtype=weight.dtype, device=xc.device)
+            keep = KeptLogits(gw, *kp)
     stats, sz, idx = vocab_forward(
-        xc, w, b, tgt, cols=_forward_cols(xc, w, cols, needs, x.dtype, cfg), softcap=softcap, label_smoothing=label_smoothing, cew=cew,
-        want_accuracy=want_accuracy, cfg=cfg,
+        xc, w, b, tgt, cols=_forward_cols(xc, w, cols, needs, x.dtype, cfg), softcap=softcap,
+        label_smoothing=label_smoothing, cew=cew, want_accuracy=want_accuracy, cfg=cfg,
+        keep=keep,
     )  # fmt: skip
     lse, zt = stats.lse, stats.z_t
     eps_v = label_smoothing / v
@@ -511,6 +527,8 @@ def _vocab_forward(
     ctx.dtypes = (x.dtype, weight.dtype, bias.dtype if bias is not None else None)
     ctx.x_shape = x.shape
     ctx.needs = needs
+    # the kept logits are read once: a second backward (retain_graph) recomputes every panel
+    ctx.kept = keep
     if any(needs):
         ctx.save_for_backward(
             xc, w, b, tgt, stats.m, stats.log_s, stats.lse, zt, cew, cew_sum, w_t, scale,
@@ -547,6 +565,7 @@ def _vocab_backward(ctx, grad_loss):
     need_gx, need_gw, need_gb = ctx.needs
     o = ctx.vocab
     (xc, w, b, tgt, m, log_s, lse, zt, cew, cew_sum, w_t, scale, zscale, valid) = ctx.saved_tensors
+    kept, ctx.kept = ctx.kept, None
     with torch.autocast(xc.device.type, enabled=False):
         go = grad_loss.float()
         if o["reduction"] == "none":
@@ -576,6 +595,7 @@ def _vocab_backward(ctx, grad_loss):
             xc, w, b, tgt, VocabStats(m, log_s, lse, zt), coef, cols=o["cols"],
             softcap=o["softcap"], cew=cew, label_smoothing=eps, need_gx=need_gx,
             need_gw=need_gw, need_gb=need_gb, gx_dtype=x_dt, gw_dtype=w_dt, cfg=o["cfg"],
+            kept=kept,
         )  # fmt: skip
     grad_x = gx.reshape(ctx.x_shape) if gx is not None else None
     grad_b = gb.to(b_dt) if gb is not None else None

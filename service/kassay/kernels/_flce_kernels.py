@@ -89,6 +89,10 @@ VOCAB_FORWARD_MAX_COLS = 8192
 # out_dtype (H100, N=8192, H=2304, V=256000: 65.5 -> 63.1 ms of device time, the Triton
 # kernel's 17.5 ms of it at ~550 TFLOP/s; research/results/flce-vocab-profile-h100-2026-12-07-run4.json).
 VOCAB_GX_CUBLAS = True
+# The forward leaves the logits of grad_weight's first columns in grad_weight's own bytes
+# (allocated in forward when grad_weight is wanted); the backward reads them instead of
+# recomputing them: 2·N·H per kept column fewer FLOP (`_flce_vocab.plan_kept`).
+VOCAB_KEEP_LOGITS = True
 
 FIN_BLOCK_GPU = 4096
 FIN_BLOCK_INTERP = 1024

@@ -96,6 +96,7 @@ def plan_schedule(
     per_row: bool = False,
     min_cols: int = 64,
     flop_per_byte: float = _FLOP_PER_BYTE,
+    keep_logits: bool = False,
 ) -> Plan:
     """The schedule and chunk of one call: with schedule "auto" the cheaper of the two by the
     cost model below among those whose working memory fits `budget_bytes` (if neither fits,
@@ -106,7 +107,10 @@ def plan_schedule(
     accumulator per chunk after the first (4·V·H bytes). Vocabulary schedule
     (`_flce_vocab`): panels of `plan_rows(v, n, ...)` columns, at least `min_cols`; FLOP
     8·N·H·V + 2·N·H·2N (the tail, see `_flce_vocab`), plus a float32 grad_x accumulator read
-    and written per backward panel (8·N·H bytes), those panels at least H columns wide. Without gradients both are 2·N·H·V."""
+    and written per backward panel (8·N·H bytes), those panels at least H columns wide;
+    `keep_logits` (grad_weight computed, `FlceConfig.vocab_keep_logits`): the forward keeps
+    the logits of ~(V - 2N)·H/(H + N) columns in grad_weight's bytes, 2·N·H FLOP fewer each
+    (`_flce_vocab.plan_kept`). Without gradients both are 2·N·H·V."""
     rows = plan_rows(n, v, elem_bytes, budget_bytes)
     chunks = -(-n // rows)
     cols = max(min(min_cols, v), plan_rows(v, n, elem_bytes, budget_bytes))
@@ -122,6 +126,8 @@ def plan_schedule(
         row_cost = (8.0 if per_row else 6.0) * nhv
         row_cost += max(0, chunks - 1) * 4.0 * v * h * flop_per_byte
         vocab_cost = 8.0 * nhv + 2.0 * n * h * min(v, 2 * n)
+        if keep_logits:
+            vocab_cost -= 2.0 * n * h * (max(0, v - 2 * n) * h / (h + n))
         # the backward's panels are at least H wide whatever the budget (grad_x's own buffer
         # holds one, `_flce_vocab.plan_backward`); the forward's spend the gradients' bytes
         panels = -(-v // max(cols, min(v, h)))

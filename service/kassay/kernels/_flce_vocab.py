@@ -16,6 +16,16 @@ vocabulary instead, into panels of P columns, and keeps no logits between the pa
                grad_x   += dlogits @ W_p      into a float32 accumulator [N, H]
              6·N·H·V FLOP, plus 2·N·H·R for the tail below.
 
+Kept logits. Where grad_weight is computed, the forward allocates its buffer (it is held to the
+backward, as the row schedule holds its gradients) and computes the logits of the first K
+columns straight into its rows from K on, leaving them there (`plan_kept`); the backward walks
+those panels first, reading their logits instead of recomputing them, and writes their grad_W
+rows [0, K), which hold nothing. A kept column costs H + N rows of 16-bit grad_weight (its own
+row and its logits), so K ~ (V - 2N)·H/(H + N): 29% of the columns at N=8192, H=4096,
+V=128256, 20% at H=2304, V=256000, each 2·N·H FLOP fewer. The forward's other panels share
+one buffer in the rows after the kept logits (the tail's included: the accumulator is not live
+in forward), so the forward's peak is the gradient's bytes.
+
 Memory beyond the inputs and gradients is the panel buffer (N·P·itemsize) and a few [N] vectors.
 The float32 grad_x accumulator (N·H·4 bytes, 128 MiB at N=8192, H=4096) would otherwise double
 that at the low end, so when grad_weight is computed it lives in grad_weight's own last R rows
@@ -123,8 +133,12 @@ def vocab_forward(
     cew: torch.Tensor | None,  # [V] float32 class weights
     want_accuracy: bool,
     cfg: FlceConfig,
+    keep: KeptLogits | None = None,
 ) -> tuple[VocabStats, torch.Tensor | None, torch.Tensor | None]:
-    """Row statistics over every panel: (stats, Σ (weighted) logits or None, argmax or None)."""
+    """Row statistics over every panel: (stats, Σ (weighted) logits or None, argmax or None).
+    With `keep`, the kept panels' logits are computed into their place in grad_weight's bytes
+    and left there for the backward; the other panels reuse one buffer in grad_weight's free
+    rows (`keep.rest_row`, `keep.rest_cols` wide) instead of one of their own."""
     n = xc.shape[0]
     v = w.shape[0]
     dev = xc.device
@@ -136,11 +150,20 @@ def vocab_forward(
     sz = torch.empty(n, dtype=f32, device=dev) if has_ls else None
     zt = torch.zeros(n, dtype=f32, device=dev)
     idx = torch.empty(n, dtype=torch.int32, device=dev) if want_accuracy else None
-    zbuf = torch.empty(n * min(cols, v), dtype=cdt, device=dev)
+    if keep is None:
+        spans = [(v0, min(v, v0 + cols), None) for v0 in range(0, v, cols)]
+        zbuf = torch.empty(n * min(cols, v), dtype=cdt, device=dev)
+    else:
+        k = keep.panels[-1][1]
+        spans = [(v0, v1, row) for v0, v1, row in keep.panels]
+        spans += [(v0, min(v, v0 + keep.rest_cols), None) for v0 in range(k, v, keep.rest_cols)]
+        zbuf = _rows_as(keep.gw, keep.rest_row, n * keep.rest_cols, cdt)
     with _ieee_fp32_matmul(cdt == f32):
-        for v0 in range(0, v, cols):
-            v1 = min(v, v0 + cols)
-            z = _panel(zbuf, n, v1 - v0)
+        for v0, v1, row in spans:
+            if row is None:
+                z = _panel(zbuf, n, v1 - v0)
+            else:
+                z = _rows_as(keep.gw, row, n * (v1 - v0), cdt).view(n, v1 - v0)
             _logits(z, xc, _w_panel(w, v0, v1, cdt), b, v0, v1, cdt)
             grid, block_v, warps = _panel_launch(z, cfg)
             K._panel_stats_kernel[(grid,)](
@@ -189,9 +212,90 @@ def scratch_rows(n: int, h: int, cols: int, cdt: torch.dtype, gw_dtype: torch.dt
     return -(-n * cols * cs // (h * es))
 
 
+def _aligned_row(row: int, row_bytes: int) -> int:
+    """The first row from `row` whose bytes start 16-byte aligned (TMA and cuBLAS's fast paths
+    want aligned panels)."""
+    while (row * row_bytes) % 16:
+        row += 1
+    return row
+
+
+def _kept_layout(
+    n: int, h: int, k: int, width: int, cdt: torch.dtype, gw_dtype: torch.dtype
+) -> tuple[list[tuple[int, int, int]], int]:
+    """Panels of `width` columns over [0, k), each one's [N, P] logits in grad_weight's rows
+    from k on, one after the other: ([(v0, v1, row)], the first row after them)."""
+    rb = h * gw_dtype.itemsize
+    out = []
+    row = k
+    for v0 in range(0, k, width):
+        v1 = min(k, v0 + width)
+        row = _aligned_row(row, rb)
+        out.append((v0, v1, row))
+        row += scratch_rows(n, h, v1 - v0, cdt, gw_dtype)
+    return out, row
+
+
+class KeptLogits(NamedTuple):
+    """Logits the forward leaves for the backward in the grad_weight buffer it allocates.
+
+    gw: [V, H] in grad_weight's dtype, unwritten as a gradient yet; panels: (v0, v1, row), the
+    [N, v1 - v0] logits of columns [v0, v1) in the compute dtype at the bytes of gw's rows from
+    `row` on (all of them past the kept columns' own rows, clear of each other and of the
+    tail that holds the grad_x accumulator); rest_row, rest_cols: the forward's buffer for the
+    other columns' panels, at gw's rows from rest_row on."""
+
+    gw: torch.Tensor
+    panels: list[tuple[int, int, int]]
+    rest_row: int
+    rest_cols: int
+
+
+def plan_kept(
+    n: int,
+    h: int,
+    v: int,
+    cdt: torch.dtype,
+    gw_dtype: torch.dtype,
+    gx_on: bool,
+    cfg: FlceConfig,
+) -> tuple[list[tuple[int, int, int]], int, int] | None:
+    """(kept panels, rest_row, rest_cols) of `KeptLogits`, or None where nothing is kept.
+
+    The kept columns are the first K, walked first in backward: their grad_W rows [0, K) are
+    written while nothing else has been, and their logits sit in rows [K, ...), which the
+    backward's later panels then use as scratch. K is the largest (rounded to GEMM-friendly
+    widths) whose logits end before the accumulator's tail (`tail_rows`, when grad_x is also
+    computed) and leave the forward a buffer for the other columns' panels in the rows after
+    them (the tail's rows included: the accumulator is not live in forward) at least
+    min(1024, forward width, the columns left) wide. Each kept column saves the backward the
+    2·N·H FLOP of its logits; a column costs H + N·(compute itemsize)/(gw itemsize) rows
+    (N=8192, H=4096, bf16: K ~ (V - 2N)/3)."""
+    if not cfg.vocab_keep_logits:
+        return None
+    es = gw_dtype.itemsize
+    cs = cdt.itemsize
+    rb = h * es
+    r = tail_rows(n, h, v, 1, gw_dtype) if gx_on else 0
+    hi = v - r
+    width = max(1, _round_cols(min(int(cfg.vocab_forward_max_cols), v)))
+    k = _round_cols(max(0, hi * rb // (rb + n * cs)))
+    while k > 0:
+        panels, end = _kept_layout(n, h, k, min(width, k), cdt, gw_dtype)
+        rest_row = _aligned_row(end, rb)
+        rest = v - k
+        fits = ((v - rest_row) * rb // (n * cs)) if rest_row < v else 0
+        rest_cols = _round_cols(min(width, rest, fits))
+        if end <= hi and rest_cols >= min(1024, width, rest):
+            return panels, rest_row, rest_cols
+        k = _round_cols(k - 1)
+    return None
+
+
 class Panel(NamedTuple):
     """One backward panel: columns [v0, v1), where its [N, v1 - v0] logits live ("rows": the
     bytes of grad_weight's rows from `row`, none of them written yet nor in the panel itself;
+    "kept": the same, but the forward left the logits there, so they are not recomputed;
     "gx": grad_x's own buffer, before grad_x is rounded into it; "own": the budget's buffer) and
     which gradients it contributes."""
 
@@ -291,6 +395,7 @@ def plan_backward(
     gx_dtype: torch.dtype | None,
     need_gb: bool,
     cfg: FlceConfig,
+    kept: list[tuple[int, int, int]] | None = None,
 ) -> tuple[int, list[Panel]]:
     """(R, the panels in launch order) of `vocab_backward`; gw_dtype / gx_dtype None: that
     gradient is not computed. Each column's grad_x, grad_W and grad_b are each contributed by
@@ -303,7 +408,9 @@ def plan_backward(
     itemsize) / (compute itemsize) columns, until grad_x is rounded into it) and the budget's
     buffer (`cols`, allocated only if used). When both gradients are computed, the float32
     grad_x accumulator sits in grad_weight's last R rows, so those rows are walked twice: for
-    grad_x (and grad_b) before it is rounded, then for grad_W with the scratch at their end."""
+    grad_x (and grad_b) before it is rounded, then for grad_W with the scratch at their end.
+    `kept` (`plan_kept`'s panels, grad_W computed): those panels come first, their logits
+    where the forward left them; the walk starts after them, their bytes free again."""
     gw_on = gw_dtype is not None
     gx_on = gx_dtype is not None
     gw_dt = gw_dtype if gw_dtype is not None else cdt  # read only where grad_W is computed
@@ -345,7 +452,16 @@ def plan_backward(
             q += c
 
     hi = v - r
-    walk(0, hi, gw_on, gx_on, (gx_on, gw_on, need_gb))
+    k = 0
+    if kept:
+        if not gw_on:
+            raise ValueError(
+                "kept logits live in grad_weight's bytes: grad_weight must be computed"
+            )
+        for v0, v1, row in kept:
+            panels.append(Panel(v0, v1, "kept", row, gx_on, gw_on, need_gb))
+        k = kept[-1][1]
+    walk(k, hi, gw_on, gx_on, (gx_on, gw_on, need_gb))
     if r:
         walk(hi, v, False, True, (True, False, need_gb))  # grad_x's last terms, accumulator live
         walk(hi, v, True, False, (False, True, False))  # grad_x rounded: the tail's grad_W
@@ -384,11 +500,13 @@ def vocab_backward(
     gx_dtype: torch.dtype,
     gw_dtype: torch.dtype,
     cfg: FlceConfig,
+    kept: KeptLogits | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """(grad_x in gx_dtype, grad_W in gw_dtype, grad_b float32) of every panel, grad_output
     already folded into `coef`. The panels, their order and where each one's logits live are
     `plan_backward`'s; `cols` is the panel width the budget pays for (a buffer of its own,
-    allocated only when nothing wider is free)."""
+    allocated only when nothing wider is free). With `kept` (the forward's, grad_W computed),
+    grad_W is `kept.gw` and the kept panels' logits are read, not recomputed."""
     n, h = xc.shape
     v = w.shape[0]
     dev = xc.device
@@ -398,14 +516,19 @@ def vocab_backward(
     exact = cdt == f32
     lse2 = stats.m if exact else stats.lse * LOG2E
     lsw = label_smoothing != 0.0 and cew is not None
-    gw = torch.empty((v, h), dtype=gw_dtype, device=dev) if need_gw else None
+    if kept is not None and not need_gw:
+        raise ValueError("kept logits live in grad_weight's bytes: grad_weight must be computed")
+    if kept is not None:
+        gw = kept.gw
+    else:
+        gw = torch.empty((v, h), dtype=gw_dtype, device=dev) if need_gw else None
     gb = torch.empty(v, dtype=f32, device=dev) if need_gb else None
     # grad_x's own buffer exists from the start: until grad_x is rounded into it, its bytes
     # hold panels (the call's peak, which holds every gradient at the end, does not move)
     gx = torch.empty((n, h), dtype=gx_dtype, device=dev) if need_gx else None
     r, panels = plan_backward(
         n, h, v, cols, cdt, gw_dtype if need_gw else None, gx_dtype if need_gx else None,
-        need_gb, cfg,
+        need_gb, cfg, kept.panels if kept is not None else None,
     )  # fmt: skip
     acc = None
     if need_gx:
@@ -421,7 +544,7 @@ def vocab_backward(
 
     def buffer(pn: Panel) -> torch.Tensor:
         p = pn.v1 - pn.v0
-        if pn.where == "rows":
+        if pn.where in ("rows", "kept"):
             return _rows_as(gw, pn.row, n * p, cdt).view(n, p)
         if pn.where == "gx":
             return _bytes_as(gx, n * p, cdt).view(n, p)
@@ -443,7 +566,8 @@ def vocab_backward(
             v0, v1 = pn.v0, pn.v1
             z = buffer(pn)
             wp = _w_panel(w, v0, v1, cdt)
-            _logits(z, xc, wp, b, v0, v1, cdt)
+            if pn.where != "kept":
+                _logits(z, xc, wp, b, v0, v1, cdt)
             grid, block_v, warps = _panel_launch(z, cfg)
             K._panel_grad_kernel[(grid,)](
                 z,

@@ -239,7 +239,8 @@ def plan_call(
     reduction: str = "mean",
 ) -> Plan:
     """The schedule and chunk `fused_linear_cross_entropy` runs for these inputs and budget
-    (`Plan`: schedule "rows" or "vocab", rows or columns per chunk, working bytes)."""
+    (`Plan`: schedule "rows" or "vocab", rows or columns per chunk, working bytes); `grads`:
+    a training call (every gradient, the weight's included)."""
     cfg = DEFAULT_CONFIG if config is None else config
     n = x.reshape(-1, x.shape[-1]).shape[0]
     es = x.element_size()
@@ -250,6 +251,7 @@ def plan_call(
         n, x.shape[-1], weight.shape[0], es, _resolve_budget(memory_budget_bytes, cfg, x.device),
         schedule=cfg.schedule, grads=grads, per_row=reduction == "none",
         min_cols=cfg.vocab_min_cols, flop_per_byte=flop_per_byte(x.device),
+        keep_logits=grads and cfg.vocab_keep_logits,
     )  # fmt: skip
 
 

@@ -81,7 +81,11 @@ class FlceConfig:
             vocab_forward_max_cols: the widest forward panel (the forward may use up to the
             gradients' bytes beyond the budget: its peak stays below the backward's);
             vocab_gx_cublas: grad_x's float32 accumulation by cuBLAS (`addmm` with
-            `out_dtype`, where this torch has it) rather than the Triton TN kernel.
+            `out_dtype`, where this torch has it) rather than the Triton TN kernel;
+            vocab_keep_logits: when grad_weight is computed, the forward allocates it and
+            leaves the logits of its first columns in its bytes for the backward, which then
+            does not recompute them (`_flce_vocab.plan_kept`; the gradient is then held from
+            forward to backward, as the row schedule holds its gradients).
     """
 
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES
@@ -110,6 +114,7 @@ class FlceConfig:
     vocab_inplace_cols: int = K.VOCAB_INPLACE_COLS
     vocab_forward_max_cols: int = K.VOCAB_FORWARD_MAX_COLS
     vocab_gx_cublas: bool = K.VOCAB_GX_CUBLAS
+    vocab_keep_logits: bool = K.VOCAB_KEEP_LOGITS
 
     def __post_init__(self) -> None:
         # fail at construction, not deep inside a launch

@@ -24,7 +24,13 @@ from flce_reference import (
 
 from kassay.kernels import FlceConfig
 from kassay.kernels._flce_launch import plan_schedule
-from kassay.kernels._flce_vocab import plan_backward, scratch_rows, tail_rows
+from kassay.kernels._flce_vocab import (
+    _kept_layout,
+    plan_backward,
+    plan_kept,
+    scratch_rows,
+    tail_rows,
+)
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -32,8 +38,12 @@ pytestmark = pytest.mark.skipif(
 )
 
 DEV = "cpu" if os.environ.get("TRITON_INTERPRET") == "1" else "cuda"
-#: the vocabulary schedule, panels as narrow as the budget says (the shipped floor is 64)
-VOCAB = FlceConfig(schedule="vocab", vocab_min_cols=1)
+#: the vocabulary schedule, panels as narrow as the budget says (the shipped floor is 64), and
+#: forward panels of 32 columns: at these small shapes the forward then keeps the logits of
+#: grad_W's first columns for the backward (`plan_kept`; at the shipped 8192 it keeps none)
+VOCAB = FlceConfig(schedule="vocab", vocab_min_cols=1, vocab_forward_max_cols=32)
+#: the same, every backward panel's logits recomputed
+RECOMPUTE = dataclasses.replace(VOCAB, vocab_keep_logits=False)
 
 
 def _inputs(n, h, v, dtype, bias, ign, seed=0, weights=False):
@@ -81,14 +91,16 @@ def _pairs(*axes: list) -> list[tuple]:
     return cases
 
 
-@pytest.mark.parametrize("opts,red,dtype,shape", _pairs(OPTIONS, REDUCTIONS, DTYPES, SHAPES))
-def test_grid(opts, red, dtype, shape):
+@pytest.mark.parametrize(
+    "opts,red,dtype,shape,cfg", _pairs(OPTIONS, REDUCTIONS, DTYPES, SHAPES, [VOCAB, RECOMPUTE])
+)
+def test_grid(opts, red, dtype, shape, cfg):
     bias, ls, ign, cap, zls = opts
     n, v, cols = shape
     x, w, t, b = _inputs(n, 16, v, dtype, bias, ign)
     check_against_reference(
         x, w, t, b, _go(n, red), ls=ls, red=red, cap=cap, zls=zls, budget=_budget(n, cols, dtype),
-        factor=1.25, floor=4 * torch.finfo(dtype).eps, config=VOCAB,
+        factor=1.25, floor=4 * torch.finfo(dtype).eps, config=cfg,
     )  # fmt: skip
 
 
@@ -126,10 +138,41 @@ def test_inplace_panels_with_one_gradient_only():
     torch.testing.assert_close(xr.grad, xs.grad, rtol=1e-4, atol=1e-7)
 
 
+def _check_kept(n, h, v, cdt, gw_dt, gx_dt, cfg):
+    """`plan_kept`'s layout on a model of grad_W's rows: the kept logits sit past the kept
+    columns' own rows, clear of each other, of the accumulator's tail and of the forward's
+    buffer for the other columns, which fits its panels."""
+    kp = plan_kept(n, h, v, cdt, gw_dt, gx_dt is not None, cfg) if gw_dt is not None else None
+    if kp is None:
+        return None
+    kept, rest_row, rest_cols = kp
+    k = kept[-1][1]
+    r = tail_rows(n, h, v, cols=1, gw_dtype=gw_dt) if gx_dt is not None else 0
+    owner = [None] * v
+    for v0, v1, row in kept:
+        s = scratch_rows(n, h, v1 - v0, cdt, gw_dt)
+        assert row >= k and row + s <= v - r, "kept logits on a kept row or the tail"
+        assert (row * h * gw_dt.itemsize) % 16 == 0
+        for i in range(row, row + s):
+            assert owner[i] is None, "two kept panels share a row"
+            owner[i] = v0
+    rest_rows = scratch_rows(n, h, rest_cols, cdt, gw_dt)
+    assert rest_row + rest_rows <= v, "the forward's buffer runs past grad_W"
+    assert all(owner[i] is None for i in range(rest_row, rest_row + rest_rows))
+    assert rest_cols >= min(1024, cfg.vocab_forward_max_cols, v - k)
+    return kept
+
+
 def _check_plan(n, h, v, cols, cdt, gw_dt, gx_dt, need_gb, cfg):
     """Replay `plan_backward`'s panels on a model of the memory: every gradient of every column
-    comes from exactly one panel, and no panel's logits sit on bytes still needed."""
-    r, panels = plan_backward(n, h, v, cols, cdt, gw_dt, gx_dt, need_gb, cfg)
+    comes from exactly one panel, and no panel's logits sit on bytes still needed (with the
+    forward's kept logits, where `plan_kept` keeps any)."""
+    kept = _check_kept(n, h, v, cdt, gw_dt, gx_dt, cfg)
+    r, panels = plan_backward(n, h, v, cols, cdt, gw_dt, gx_dt, need_gb, cfg, kept)
+    if kept:
+        assert [(p.v0, p.v1, p.row) for p in panels[: len(kept)]] == kept
+        assert all(p.where == "kept" for p in panels[: len(kept)])
+        assert all(p.where != "kept" for p in panels[len(kept) :])
     written = [False] * v  # grad_W rows written so far
     counts = {"gx": [0] * v, "gw": [0] * v, "gb": [0] * v}
     rounded = False
@@ -138,7 +181,7 @@ def _check_plan(n, h, v, cols, cdt, gw_dt, gx_dt, need_gb, cfg):
         if not pn.gx and gx_dt is not None:
             rounded = True  # vocab_backward rounds grad_x before the first panel without it
         assert not (pn.gx and rounded), "a grad_x term after grad_x was rounded"
-        if pn.where == "rows":
+        if pn.where in ("rows", "kept"):
             s = scratch_rows(n, h, pn.v1 - pn.v0, cdt, gw_dt)
             span = range(pn.row, pn.row + s)
             assert pn.row >= pn.v1 and pn.row + s <= v, "scratch overlaps its own rows"
@@ -184,8 +227,63 @@ def _check_plan(n, h, v, cols, cdt, gw_dt, gx_dt, need_gb, cfg):
 def test_backward_plan_covers_every_column_once_and_keeps_live_bytes(
     n, h, v, cols, cdt, gw_dt, gx_dt
 ):
-    for cfg in (FlceConfig(), VOCAB, FlceConfig(vocab_inplace_cols=0)):
+    for cfg in (FlceConfig(), VOCAB, RECOMPUTE, FlceConfig(vocab_inplace_cols=0)):
         _check_plan(n, h, v, cols, cdt, gw_dt, gx_dt, True, cfg)
+
+
+@pytest.mark.parametrize(
+    "shape,gx,frac", [((8192, 4096, 128256), True, 0.28), ((8192, 2304, 256000), True, 0.20),
+                      ((8192, 4096, 128256), False, 0.32)],
+)  # fmt: skip
+def test_the_forward_keeps_a_fifth_to_a_third_of_the_logits_at_the_target_shapes(shape, gx, frac):
+    # a kept column costs H + N rows of 16-bit grad_W (its row, its logits): K ~ (V - R)·H/(H + N)
+    n, h, v = shape
+    bf = torch.bfloat16
+    kept = _check_kept(n, h, v, bf, bf, bf if gx else None, FlceConfig())
+    k = kept[-1][1]
+    r = 2 * n if gx else 0
+    assert frac * v <= k <= (v - r) * h / (h + n)
+    assert all(v1 - v0 == 8192 for v0, v1, _ in kept[:-1])  # the forward's widest panels
+    # nothing kept where the config says so, or where grad_W is not computed (no bytes to use)
+    assert (
+        plan_kept(n, h, v, bf, bf, gx, dataclasses.replace(FlceConfig(), vocab_keep_logits=False))
+        is None
+    )
+    # the layout helper packs panels one after the other from row K on
+    panels, end = _kept_layout(24, 16, 30, 16, torch.float16, torch.float16)
+    assert [(a, b) for a, b, _ in panels] == [(0, 16), (16, 30)]
+    assert panels[0][2] == 30 and end == panels[1][2] + scratch_rows(
+        24, 16, 14, torch.float16, torch.float16
+    )
+
+
+def test_kept_logits_give_the_recomputed_gradients_and_a_second_backward_recomputes():
+    # the kept path (logits of the first columns from the forward) against every panel
+    # recomputed, with and without grad_x (grad_W alone keeps none); then retain_graph: a second backward finds the kept
+    # bytes spent and recomputes, with the same gradients
+    n, h, v = 24, 64, 300
+    assert plan_kept(n, h, v, torch.float32, torch.float32, True, VOCAB) is not None
+    x, w, t, b = _inputs(n, h, v, torch.float32, True, 0.2, seed=7)
+    kw = dict(label_smoothing=0.1, softcap=6.0, z_loss_scale=1e-3,
+              memory_budget_bytes=_budget(n, 32, torch.float32))  # fmt: skip
+    for want_x, want_w in ((True, True), (False, True)):
+        grads = []
+        for cfg in (VOCAB, RECOMPUTE):
+            xs = x.clone().requires_grad_(want_x)
+            ws = w.clone().requires_grad_(want_w)
+            bs = b.clone().requires_grad_()
+            loss = flce_kernel()(xs, ws, t, bs, config=cfg, **kw)
+            loss.backward(retain_graph=True)
+            first = [a.grad.clone() for a in (xs, ws, bs) if a.requires_grad]
+            for a in (xs, ws, bs):
+                a.grad = None
+            loss.backward()
+            second = [a.grad for a in (xs, ws, bs) if a.requires_grad]
+            for a, c in zip(first, second, strict=True):
+                torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-8)
+            grads.append(first)
+        for a, c in zip(*grads, strict=True):
+            torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-8)
 
 
 def test_backward_plan_at_the_target_shape_walks_wide_panels():
