@@ -22,6 +22,7 @@
 #   flce      the memory-speed curve of both schedules and every peer, both shapes (~300 s)
 #   vocab     #40: bench/flce_profile.py (where the vocabulary schedule's time goes,
 #             ~60 s), the FLCE GPU tests of both schedules (~120 s), then the curve (`flce`)
+#   checks    #40: the first half of `vocab` alone (the profile and the FLCE GPU tests)
 #   vocab2    #40, after `vocab`: the options A/B (bench/flce.py --options) and `kassay
 #             selftest --device cuda` (~300 s)
 #   gputests  the whole GPU test suite, alone (~400 s)
@@ -37,7 +38,7 @@
 #             m_stale_lse failed; m_label_smoothing_weight inconclusive. At 1000 steps,
 #             2026-12-05: 484 s, those verdicts)
 set -uo pipefail
-stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|vocab|vocab2|gputests|sandbox|codejobs|convergence}
+stage=${1:?usage: h200_pending.sh correct|timed|engine|flce|checks|vocab|vocab2|gputests|sandbox|codejobs|convergence}
 out=${OUT:-./h200-out}
 mkdir -p "$out"
 day=$(date +%F)
@@ -58,7 +59,7 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, keep its log, say h
 }
 
 flce_checks() {  # #40: where the vocabulary schedule's time goes, then the FLCE GPU tests
-    step vocab-profile 90 python3 bench/flce_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
+    step vocab-profile 150 python3 bench/flce_profile.py --out "$out/flce-vocab-profile-$gpu-$day.json"
     step gpu-flce 200 python3 -m pytest -q -m gpu -p no:cacheprovider \
         tests/gpu/test_kernel_flce_vocab_gpu.py tests/gpu/test_kernel_flce_gpu.py \
         tests/gpu/test_kernel_flce_options_gpu.py
@@ -95,6 +96,9 @@ engine)
     ;;
 flce)
     step flce-budgets 340 python3 bench/flce.py --budgets --out "$out/flce-budgets-$gpu-$day.json"
+    ;;
+checks)
+    flce_checks
     ;;
 vocab)
     flce_checks
