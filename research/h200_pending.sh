@@ -22,7 +22,8 @@
 #   flce      the memory-speed curve of both schedules and every peer, both shapes (~300 s)
 #   vocab     #40: bench/flce_profile.py (where the vocabulary schedule's time goes,
 #             ~60 s), the FLCE GPU tests of both schedules (~120 s), then the curve (`flce`)
-#   checks    #40: the first half of `vocab` alone (the profile and the FLCE GPU tests)
+#   checks    #40: the first half of `vocab` (the profile and the FLCE GPU tests), then
+#             bench/flce_sweep.py (the vocabulary schedule's knobs one at a time, ~100 s)
 #   vocab2    #40, after `vocab`: the options A/B (bench/flce.py --options) and `kassay
 #             selftest --device cuda` (~300 s)
 #   gputests  the whole GPU test suite, alone (~400 s)
@@ -99,6 +100,7 @@ flce)
     ;;
 checks)
     flce_checks
+    step flce-sweep 150 python3 bench/flce_sweep.py --out "$out/flce-sweep-$gpu-$day.json"
     ;;
 vocab)
     flce_checks

@@ -76,9 +76,10 @@ GRADS_FUSED_MAX_LAST_WAVE = 0.75
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) of both halves of that kernel.
 GRADS_FUSED_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 
-# Vocabulary schedule: panel kernels (BLOCK_V, num_warps, unused) and the narrowest panel.
-# Panels are short rows (P columns), so a program per row at a time with 8 per SM in flight.
-VOCAB_CE_CONFIG_GPU = (2048, 8, 0)
+# Vocabulary schedule: panel kernels (BLOCK_V, num_warps, programs per SM) and the narrowest
+# panel. Panels are short rows (P columns), so a program per row at a time with 8 per SM in
+# flight.
+VOCAB_CE_CONFIG_GPU = (2048, 8, 8)
 VOCAB_MIN_COLS = 64
 # Backward panels in grad_weight's unwritten rows: up to this many columns (the panel's
 # scratch then takes N·P·2 / (H·2) rows of grad_weight, free until their own panels come).

@@ -93,11 +93,11 @@ def _panel_launch(z: torch.Tensor, cfg: FlceConfig) -> tuple[int, int, int]:
     rows, p = z.shape
     if INTERPRETED or z.device.type != "cuda":
         return rows, min(cfg.ce_block_v_interp, triton.next_power_of_2(p)), 4
-    block_v, warps, _ = cfg.vocab_ce_config_gpu
+    block_v, warps, per_sm = cfg.vocab_ce_config_gpu
     block_v = min(block_v, triton.next_power_of_2(p))
     if block_v < 2048:
         warps = min(warps, 4)
-    return min(rows, 8 * _num_sms(z.device.index or 0)), block_v, warps
+    return min(rows, max(1, per_sm) * _num_sms(z.device.index or 0)), block_v, warps
 
 
 def _w_panel(w: torch.Tensor, v0: int, v1: int, cdt: torch.dtype) -> torch.Tensor:

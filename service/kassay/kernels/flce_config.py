@@ -75,7 +75,7 @@ class FlceConfig:
         grads_fused_config_gpu: the fused grad_x + grad_weight kernel (six as above).
         fin_block_gpu, fin_block_interp: elements per program of the finalize kernel.
         vocab_ce_config_gpu: the panel kernels of the vocabulary schedule (BLOCK_V,
-            num_warps, unused); vocab_min_cols: its narrowest panel (a smaller budget is
+            num_warps, programs per SM); vocab_min_cols: its narrowest panel (a smaller budget is
             exceeded rather than the panel made narrower); vocab_inplace_cols: the widest
             backward panel kept in grad_weight's unwritten rows (0: never there);
             vocab_forward_max_cols: the widest forward panel (the forward may use up to the
