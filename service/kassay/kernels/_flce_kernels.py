@@ -106,11 +106,14 @@ LOG2E = tl.constexpr(1.4426950408889634)  # exp(u) = exp2(u * LOG2E): one FMA in
 def _tanh(u):
     # float32 tanh accurate to a few ulp without libdevice (also runs under the interpreter):
     # odd Taylor series for |u| < 0.1 (truncation < 1e-10 relative), else (1-t)/(1+t), t=e^{-2|u|}.
+    # The quotient is the fast (2-ulp, div.full) division, not the IEEE one: per element that
+    # division was most of softcap's cost (+8% of the vocabulary schedule at N=8192, H=2304,
+    # V=256000 on the H100, bench/results/flce-budgets-h100-2026-12-07-run4.json).
     a = tl.abs(u)
     u2 = u * u
     series = u * (1.0 + u2 * (-1.0 / 3.0 + u2 * (2.0 / 15.0 + u2 * (-17.0 / 315.0))))
     t = tl.exp(-2.0 * a)
-    big = (1.0 - t) / (1.0 + t)
+    big = tl.fdiv(1.0 - t, 1.0 + t, ieee_rounding=False)
     big = tl.where(u < 0, -big, big)
     return tl.where(a < 0.1, series, big)
 
@@ -196,7 +199,7 @@ def _ce_rows_kernel(
 
         z_t = tl.load(z_row + tgt_safe).to(tl.float32)
         if HAS_SOFTCAP:
-            z_t = softcap * _tanh(z_t / softcap)
+            z_t = softcap * _tanh(z_t * (1.0 / softcap))
         eps_v = label_smoothing / V
         if HAS_WEIGHT:
             # torch's weighted CE with label smoothing, per row:
@@ -266,12 +269,12 @@ def _ce_load(
         mask = offs < V
         z = tl.load(z_row + offs, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
         if HAS_SOFTCAP:
-            z = softcap * _tanh(z / softcap)
+            z = softcap * _tanh(z * (1.0 / softcap))
         z = tl.where(mask, z, float("-inf"))
     else:
         z = tl.load(z_row + offs, eviction_policy=EVICT).to(tl.float32)
         if HAS_SOFTCAP:
-            z = softcap * _tanh(z / softcap)
+            z = softcap * _tanh(z * (1.0 / softcap))
     return z
 
 
@@ -383,7 +386,7 @@ def _ce_grad_block(
         d = tl.exp2(zc * LOG2E - lse2) * cg - egw
     d = tl.where(cols == tgt_rel, d - tg, d)
     if HAS_SOFTCAP:
-        th = zc / softcap
+        th = zc * (1.0 / softcap)
         d = d * (1.0 - th * th)
     if MASKED:
         tl.store(z_row + offs, d.to(z_row.dtype.element_ty), mask=offs < V, eviction_policy=EVICT)
@@ -714,7 +717,7 @@ def _panel_stats_kernel(
         rel_safe = tl.where(in_panel, rel, 0).to(tl.int32)
         z_t = tl.load(z_row + rel_safe).to(tl.float32)
         if HAS_SOFTCAP:
-            z_t = softcap * _tanh(z_t / softcap)
+            z_t = softcap * _tanh(z_t * (1.0 / softcap))
         old_t = tl.load(zt_ptr + row)
         tl.store(zt_ptr + row, tl.where(in_panel, z_t, old_t))
         if FIRST:

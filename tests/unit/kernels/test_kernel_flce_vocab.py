@@ -422,21 +422,30 @@ def test_plan_schedule_picks_by_cost_and_fit():
 
 
 @pytest.mark.parametrize(
-    "shape,mib,fpb,want",
+    "shape,mib,fpb,keep,want",
     [
-        # the H100 curve of 2026-12-07 (bench/results/flce-budgets-h100-2026-12-07-run2.json):
-        # the vocabulary schedule ran 57.3 ms (shape 1) and 67.4 ms (shape 2) at any budget;
-        # the row schedule 62.2 / 54.4 ms at 62 / 93 MiB (shape 1), 75.0 / 63.6 ms at 125 /
-        # 187 MiB (shape 2): the planner must take the faster one at each
-        ((8192, 4096, 128256), 62.6, 200.0, "vocab"),
-        ((8192, 4096, 128256), 93.9, 200.0, "rows"),
-        ((8192, 2304, 256000), 125.0, 200.0, "vocab"),
-        ((8192, 2304, 256000), 187.5, 200.0, "rows"),
+        # the H100 curve of 2026-12-07 with the kept logits
+        # (bench/results/flce-budgets-h100-2026-12-07-run4.json): the vocabulary schedule ran
+        # 51.7-52.5 ms (shape 1) and 62.6-64.4 ms (shape 2) at any budget; the row schedule
+        # 63.0 / 54.5 / 48.7 ms at 62.6 / 93.9 / 125.2 MiB (shape 1), 76.3 / 63.3 / 57.8 ms at
+        # 125 / 187.5 / 250 MiB (shape 2): the planner must take the faster one at each
+        ((8192, 4096, 128256), 62.6, 200.0, True, "vocab"),
+        ((8192, 4096, 128256), 93.9, 200.0, True, "vocab"),
+        ((8192, 4096, 128256), 125.2, 200.0, True, "rows"),
+        ((8192, 2304, 256000), 125.0, 200.0, True, "vocab"),
+        ((8192, 2304, 256000), 187.5, 200.0, True, "vocab"),
+        ((8192, 2304, 256000), 250.0, 200.0, True, "rows"),
+        # every panel recomputed (run2 of that day: vocab 57.3 / 67.4 ms at any budget; rows
+        # 62.2 / 54.4 ms at 62.6 / 93.9 MiB, 75.0 / 63.6 ms at 125 / 187.5 MiB)
+        ((8192, 4096, 128256), 62.6, 200.0, False, "vocab"),
+        ((8192, 4096, 128256), 93.9, 200.0, False, "rows"),
+        ((8192, 2304, 256000), 125.0, 200.0, False, "vocab"),
+        ((8192, 2304, 256000), 187.5, 200.0, False, "rows"),
     ],
 )
-def test_plan_schedule_follows_the_measured_curve(shape, mib, fpb, want):
+def test_plan_schedule_follows_the_measured_curve(shape, mib, fpb, keep, want):
     n, h, v = shape
-    p = plan_schedule(n, h, v, 2, int(mib * 2**20), flop_per_byte=fpb)
+    p = plan_schedule(n, h, v, 2, int(mib * 2**20), flop_per_byte=fpb, keep_logits=keep)
     assert p.schedule == want
 
 
