@@ -106,9 +106,10 @@ LOG2E = tl.constexpr(1.4426950408889634)  # exp(u) = exp2(u * LOG2E): one FMA in
 def _tanh(u):
     # float32 tanh accurate to a few ulp without libdevice (also runs under the interpreter):
     # odd Taylor series for |u| < 0.1 (truncation < 1e-10 relative), else (1-t)/(1+t), t=e^{-2|u|}.
-    # The quotient is the fast (2-ulp, div.full) division, not the IEEE one: per element that
-    # division was most of softcap's cost (+8% of the vocabulary schedule at N=8192, H=2304,
-    # V=256000 on the H100, bench/results/flce-budgets-h100-2026-12-07-run4.json).
+    # The quotient is the fast (2-ulp, div.full) division, not the IEEE one, and callers
+    # multiply by 1/softcap: softcap cost the vocabulary schedule +8.0% at N=8192, H=2304,
+    # V=256000 with IEEE divisions, +6.6% without (H100, bench/results/flce-budgets-h100-
+    # 2026-12-07-run4.json, flce-options-h100-2026-12-07-run2.json).
     a = tl.abs(u)
     u2 = u * u
     series = u * (1.0 + u2 * (-1.0 / 3.0 + u2 * (2.0 / 15.0 + u2 * (-17.0 / 315.0))))
