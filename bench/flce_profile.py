@@ -47,13 +47,20 @@ def family(name: str) -> str:
     return "other"
 
 
-def one(n, h, v, options, cfg, budget):
+def bench_inputs(n: int, h: int, v: int):
+    """(x [N, H] bf16, W [V, H] bf16 ~N(0, 1/H), targets [N] with 10% ignored, the generator
+    for further inputs): the inputs of this profile and of bench/flce_sweep.py."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(n, h, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
     w = (torch.randn(v, h, device="cuda", generator=g) / math.sqrt(h)).to(torch.bfloat16)
     w.requires_grad_()
     t = torch.randint(0, v, (n,), device="cuda", generator=g)
     t[torch.rand(n, device="cuda", generator=g) < 0.1] = -100
+    return x, w, t, g
+
+
+def one(n, h, v, options, cfg, budget):
+    x, w, t, g = bench_inputs(n, h, v)
     kw = {}
     b = None
     if options:

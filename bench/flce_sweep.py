@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import statistics
 import time
 
 import torch
+from flce_profile import bench_inputs
 
 from kassay.kernels import FlceConfig, fused_linear_cross_entropy
 
@@ -42,16 +42,6 @@ VARIANTS: dict[str, dict] = {
     "ce_2048_8_16": {"vocab_ce_config_gpu": (2048, 8, 16)},
     "ce_1024_4_16": {"vocab_ce_config_gpu": (1024, 4, 16)},
 }
-
-
-def inputs(n: int, h: int, v: int):
-    g = torch.Generator(device="cuda").manual_seed(0)
-    x = torch.randn(n, h, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
-    w = (torch.randn(v, h, device="cuda", generator=g) / math.sqrt(h)).to(torch.bfloat16)
-    w.requires_grad_()
-    t = torch.randint(0, v, (n,), device="cuda", generator=g)
-    t[torch.rand(n, device="cuda", generator=g) < 0.1] = -100
-    return x, w, t
 
 
 def run(x, w, t, cfg: FlceConfig, reps: int) -> tuple[float, float, tuple]:
@@ -106,7 +96,7 @@ def main() -> None:
     }
     for i in (int(s) for s in args.shapes.split(",")):
         n, h, v = SHAPES[i - 1]
-        x, w, t = inputs(n, h, v)
+        x, w, t, _ = bench_inputs(n, h, v)
         ref = None
         base_ms = 0.0
         for name in ["shipped"] + [m for m in names if m != "shipped"]:
