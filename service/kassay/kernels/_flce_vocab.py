@@ -212,10 +212,6 @@ def scratch_rows(n: int, h: int, cols: int, cdt: torch.dtype, gw_dtype: torch.dt
     return -(-n * cols * cs // (h * es))
 
 
-#: columns per step of the panel kernels with the shipped GPU config (BLOCK_V 2048, paired)
-_STATS_STEP = 4096
-
-
 def _aligned_row(row: int, row_bytes: int) -> int:
     """The first row from `row` whose bytes start 16-byte aligned (TMA and cuBLAS's fast paths
     want aligned panels)."""
@@ -290,11 +286,6 @@ def plan_kept(
         rest = v - k
         fits = ((v - rest_row) * rb // (n * cs)) if rest_row < v else 0
         rest_cols = _round_cols(min(width, rest, fits))
-        if rest_cols > _STATS_STEP and rest_cols < rest:
-            # whole steps of the stats kernel (2·BLOCK_V on the GPU): a 4736-column panel's
-            # masked last step ran it at 1.2 TB/s against 1.9 at 8192 (N=8192, H=2304,
-            # V=256000, H100, research/results/flce-vocab-profile-h100-2026-12-07-run5.json)
-            rest_cols -= rest_cols % _STATS_STEP
         if end <= hi and rest_cols >= min(1024, width, rest):
             return panels, rest_row, rest_cols
         k = _round_cols(k - 1)
@@ -525,9 +516,7 @@ def vocab_backward(
     exact = cdt == f32
     lse2 = stats.m if exact else stats.lse * LOG2E
     lsw = label_smoothing != 0.0 and cew is not None
-    if kept is not None and not need_gw:
-        raise ValueError("kept logits live in grad_weight's bytes: grad_weight must be computed")
-    if kept is not None:
+    if kept is not None:  # plan_backward refuses kept logits without grad_weight
         gw = kept.gw
     else:
         gw = torch.empty((v, h), dtype=gw_dtype, device=dev) if need_gw else None
