@@ -4,7 +4,8 @@ budget (1 MiB) at both target shapes, for the shipped config and single-knob var
 bench/flce.py makes the speed claims (every peer, the curve); this picks the shipped values
 of the knobs that only move time, not results beyond rounding: the kept logits
 (`vocab_keep_logits`), the panel widths (`vocab_inplace_cols`, `vocab_forward_max_cols`) and
-the panel kernels' launch (`vocab_ce_config_gpu`: BLOCK_V, num_warps, programs per SM). Each
+the panel kernels' launches (`vocab_stats_config_gpu`, `vocab_ce_config_gpu`: BLOCK_V,
+num_warps, programs per SM; research/flce_panel_kernels.py times the kernels alone). Each
 variant's gradients are compared with the shipped config's (rel-L2; two correct orders of the
 same float32 sums differ by a few bf16 roundings), and its peak memory beyond the inputs is
 reported next to the shipped one's.
@@ -35,12 +36,10 @@ VARIANTS: dict[str, dict] = {
     "inplace_16384": {"vocab_inplace_cols": 16384},
     "forward_4096": {"vocab_forward_max_cols": 4096},
     "forward_16384": {"vocab_forward_max_cols": 16384},
-    "ce_1024_4_8": {"vocab_ce_config_gpu": (1024, 4, 8)},
-    "ce_2048_4_8": {"vocab_ce_config_gpu": (2048, 4, 8)},
-    "ce_4096_8_8": {"vocab_ce_config_gpu": (4096, 8, 8)},
-    "ce_2048_8_4": {"vocab_ce_config_gpu": (2048, 8, 4)},
-    "ce_2048_8_16": {"vocab_ce_config_gpu": (2048, 8, 16)},
-    "ce_1024_4_16": {"vocab_ce_config_gpu": (1024, 4, 16)},
+    "stats_2048_8_8": {"vocab_stats_config_gpu": (2048, 8, 8)},
+    "stats_1024_4_16": {"vocab_stats_config_gpu": (1024, 4, 16)},
+    "grad_2048_8_8": {"vocab_ce_config_gpu": (2048, 8, 8)},
+    "grad_512_4_16": {"vocab_ce_config_gpu": (512, 4, 16)},
 }
 
 

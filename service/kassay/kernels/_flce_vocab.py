@@ -88,12 +88,15 @@ class VocabStats:
     z_t: torch.Tensor
 
 
-def _panel_launch(z: torch.Tensor, cfg: FlceConfig) -> tuple[int, int, int]:
-    """(grid, BLOCK_V, num_warps) of the panel kernels for a [rows, P] panel."""
+def _panel_launch(
+    z: torch.Tensor, cfg: FlceConfig, launch: tuple[int, int, int]
+) -> tuple[int, int, int]:
+    """(grid, BLOCK_V, num_warps) of a panel kernel for a [rows, P] panel; `launch` is its
+    GPU config (BLOCK_V, num_warps, programs per SM)."""
     rows, p = z.shape
     if INTERPRETED or z.device.type != "cuda":
         return rows, min(cfg.ce_block_v_interp, triton.next_power_of_2(p)), 4
-    block_v, warps, per_sm = cfg.vocab_ce_config_gpu
+    block_v, warps, per_sm = launch
     block_v = min(block_v, triton.next_power_of_2(p))
     if block_v < 2048:
         warps = min(warps, 4)
@@ -165,7 +168,7 @@ def vocab_forward(
             else:
                 z = _rows_as(keep.gw, row, n * (v1 - v0), cdt).view(n, v1 - v0)
             _logits(z, xc, _w_panel(w, v0, v1, cdt), b, v0, v1, cdt)
-            grid, block_v, warps = _panel_launch(z, cfg)
+            grid, block_v, warps = _panel_launch(z, cfg, cfg.vocab_stats_config_gpu)
             K._panel_stats_kernel[(grid,)](
                 z,
                 z.stride(0),
@@ -566,7 +569,7 @@ def vocab_backward(
             wp = _w_panel(w, v0, v1, cdt)
             if pn.where != "kept":
                 _logits(z, xc, wp, b, v0, v1, cdt)
-            grid, block_v, warps = _panel_launch(z, cfg)
+            grid, block_v, warps = _panel_launch(z, cfg, cfg.vocab_ce_config_gpu)
             K._panel_grad_kernel[(grid,)](
                 z,
                 z.stride(0),

@@ -74,8 +74,9 @@ class FlceConfig:
             EPI_SPLIT, CTAS_PER_SM), for launches whose epilogue does not / does load C.
         grads_fused_config_gpu: the fused grad_x + grad_weight kernel (six as above).
         fin_block_gpu, fin_block_interp: elements per program of the finalize kernel.
-        vocab_ce_config_gpu: the panel kernels of the vocabulary schedule (BLOCK_V,
-            num_warps, programs per SM); vocab_min_cols: its narrowest panel (a smaller budget is
+        vocab_stats_config_gpu, vocab_ce_config_gpu: the vocabulary schedule's panel kernels,
+            the forward's statistics and the backward's dlogits (BLOCK_V, num_warps, programs
+            per SM); vocab_min_cols: its narrowest panel (a smaller budget is
             exceeded rather than the panel made narrower); vocab_inplace_cols: the widest
             backward panel kept in grad_weight's unwritten rows (0: never there);
             vocab_forward_max_cols: the widest forward panel (the forward may use up to the
@@ -109,6 +110,7 @@ class FlceConfig:
     grads_fused_config_gpu: tuple[int, ...] = K.GRADS_FUSED_CONFIG_GPU
     fin_block_gpu: int = K.FIN_BLOCK_GPU
     fin_block_interp: int = K.FIN_BLOCK_INTERP
+    vocab_stats_config_gpu: tuple[int, int, int] = K.VOCAB_STATS_CONFIG_GPU
     vocab_ce_config_gpu: tuple[int, int, int] = K.VOCAB_CE_CONFIG_GPU
     vocab_min_cols: int = K.VOCAB_MIN_COLS
     vocab_inplace_cols: int = K.VOCAB_INPLACE_COLS
@@ -139,6 +141,7 @@ class FlceConfig:
         for name, n in (
             ("ce_config_long_gpu", 3),
             ("ce_config_gpu", 3),
+            ("vocab_stats_config_gpu", 3),
             ("vocab_ce_config_gpu", 3),
             ("gemm_config_gpu", 6),
             ("gemm_config_interp", 6),
