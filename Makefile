@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PORT ?= 8000
-# pytest-xdist workers of `make test` (CI has two cores: the tests took 1021 s serially, 666 s on 2)
+# pytest-xdist workers of `make test` (CI has two cores: tests took 1021 s serially, 713 s on 2)
 TEST_WORKERS ?= 2
 
 .PHONY: run demo test lint typecheck unit integration protos sdk check-protos deploy-check venv clean browser postgres

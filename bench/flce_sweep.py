@@ -5,10 +5,10 @@ bench/flce.py makes the speed claims (every peer, the curve); this picks the shi
 of the knobs that only move time, not results beyond rounding: the kept logits
 (`vocab_keep_logits`), the panel widths (`vocab_inplace_cols`, `vocab_forward_max_cols`) and
 the panel kernels' launches (`vocab_stats_config_gpu`, `vocab_ce_config_gpu`: BLOCK_V,
-num_warps, programs per SM; research/flce_panel_kernels.py, in git 678c58b, times the kernels alone). Each
-variant's gradients are compared with the shipped config's (rel-L2; two correct orders of the
-same float32 sums differ by a few bf16 roundings), and its peak memory beyond the inputs is
-reported next to the shipped one's.
+num_warps, programs per SM; research/flce_panel_kernels.py, in git 678c58b, times the kernels
+alone). Each variant's gradients are compared with the shipped config's (rel-L2; two correct
+orders of the same float32 sums differ by a few bf16 roundings), and its peak memory beyond the
+inputs is reported next to the shipped one's.
 
     python3 bench/flce_sweep.py --out $OUT/flce-sweep.json [--shapes 1,2] [--reps 5]
 """

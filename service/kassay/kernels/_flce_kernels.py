@@ -78,8 +78,9 @@ GRADS_FUSED_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 
 # Vocabulary schedule: panel kernels (BLOCK_V, num_warps, programs per SM) and the narrowest
 # panel. Panels are short rows (P columns): a program walks a row at a time, so many small
-# programs per SM keep enough loads in flight. Chosen per kernel from
-# research/flce_panel_kernels.py (git 678c58b; H100, research/results/flce-panel-kernels-h100-2026-12-07.json):
+# programs per SM keep enough loads in flight. Chosen per kernel by the probe
+# research/flce_panel_kernels.py (git 678c58b; H100, research/results/
+# flce-panel-kernels-h100-2026-12-07.json):
 # the stats kernel at (512, 4, 16) took 47.6 us for a [8192, 4736] panel (69.0 at (2048, 8, 8)),
 # 87.7 us with every option on (195.4); the grad kernel at (1024, 4, 16) matched (2048, 8, 8)
 # plain (59.2 / 98.1 us at P = 4736 / 8192) and took 77.5 us with the options at P = 4736 (98.2).
