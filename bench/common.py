@@ -1,9 +1,9 @@
 """Helpers the benchmark scripts share: run metadata, saving results, timing.
 
-Imported by `flce.py`, `lse_merge.py`, `matmul_ceiling.py` and `service.py` (run from the
-repository root as `python bench/<script>.py`, so this folder is on sys.path). Only the standard
-library at import time: torch and triton are looked up when present, so the CPU-only service
-benchmark can use it too.
+Imported by `flce.py`, `flce_timeline.py`, `lse_merge.py`, `matmul_ceiling.py` and `service.py`
+(run from the repository root as `python bench/<script>.py`, so this folder is on sys.path).
+Only the standard library at import time: torch and triton are looked up when present, so the
+CPU-only service benchmark can use it too.
 """
 
 from __future__ import annotations

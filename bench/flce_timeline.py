@@ -22,10 +22,10 @@ import tempfile
 import time
 
 import torch
+from common import median_ms, run_meta, save_json
 from flce_profile import bench_inputs
 from flce_sweep import BUDGET, SHAPES, SHIPPED
 from torch.profiler import ProfilerActivity, profile
-from triton.testing import do_bench
 
 from kassay.kernels import fused_linear_cross_entropy
 
@@ -64,7 +64,7 @@ def timings(step) -> dict:
         step()
     torch.cuda.synchronize()
     b2b = (time.perf_counter() - t0) / reps * 1e3
-    db = do_bench(step, warmup=100, rep=800, return_mode="median")
+    db = median_ms(step, warmup=100, rep=800)
     return {
         "do_bench_ms": round(db, 3),
         "synced_event_ms": round(statistics.median(synced), 3),
@@ -153,10 +153,7 @@ def main() -> None:
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     res = {
-        "date": time.strftime("%F"),
-        "gpu": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "command": f"python3 bench/flce_timeline.py --shapes {args.shapes}",
+        **run_meta(),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         "runs": [],
     }
@@ -167,15 +164,13 @@ def main() -> None:
         row = {"N": n, "H": h, "V": v, "config": "shipped", **timings(step), **gaps(step)}
         res["runs"].append(row)
         print(json.dumps({k: row[k] for k in row if k != "largest_gaps"}), flush=True)
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
+        save_json(res, args.out)  # after each shape: a later one's crash keeps this one
         del x, w, t
         torch.cuda.empty_cache()
     smi.terminate()
     samples = [s.split(", ") for s in smi.communicate()[0].splitlines() if s.count(",") == 2]
     res["smi_samples"] = samples
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    save_json(res, args.out)
 
 
 if __name__ == "__main__":
