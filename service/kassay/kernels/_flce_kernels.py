@@ -86,9 +86,6 @@ GRADS_FUSED_CONFIG_GPU = (128, 256, 64, 8, 8, 3)
 # plain (59.2 / 98.1 us at P = 4736 / 8192) and took 77.5 us with the options at P = 4736 (98.2).
 VOCAB_STATS_CONFIG_GPU = (512, 4, 16)
 VOCAB_CE_CONFIG_GPU = (1024, 4, 16)
-# Software-pipelining depth (tl.range num_stages) of the panel kernels' column loops; 1: none.
-VOCAB_STATS_STAGES_GPU = 1
-VOCAB_GRAD_STAGES_GPU = 1
 VOCAB_MIN_COLS = 64
 # Backward panels in grad_weight's unwritten rows: up to this many columns (the panel's
 # scratch then takes N·P·2 / (H·2) rows of grad_weight, free until their own panels come).
@@ -692,7 +689,6 @@ def _panel_stats_kernel(
     FIRST: tl.constexpr,  # the first panel: store the state instead of merging into it
     BLOCK_V: tl.constexpr,
     PAIR: tl.constexpr,
-    STAGES: tl.constexpr,  # software-pipelining depth of the column loop (1: none)
 ):
     """One panel's pass-1 statistics of every row, merged into the running per-row state.
 
@@ -710,7 +706,7 @@ def _panel_stats_kernel(
         s_vec = tl.zeros([BLOCK_V], tl.float32)
         sum_z = tl.zeros([BLOCK_V], tl.float32)
         idx_vec = tl.zeros([BLOCK_V], tl.int32)
-        for c0 in tl.range(0, p_full, STEP, num_stages=STAGES):
+        for c0 in range(0, p_full, STEP):
             m_vec, s_vec, sum_z, idx_vec = _ce_stats_step(
                 z_row, c0, cols, P, m_vec, s_vec, sum_z, idx_vec, softcap, cew_ptr,
                 HAS_SOFTCAP, HAS_LS, PAIR, BLOCK_V, False, False, EXACT, LSW, ACCURACY,
@@ -774,7 +770,6 @@ def _panel_grad_kernel(
     LSW: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PAIR: tl.constexpr,
-    STAGES: tl.constexpr,  # software-pipelining depth of the column loop (1: none)
 ):
     """Pass 2 of `_ce_rows_kernel` on one panel: dloss/dlogits written over the logits, with
     the row's coefficients (grad_output, reduction, class weights, z-loss and token scaling
@@ -794,7 +789,7 @@ def _panel_grad_kernel(
         cg = tl.load(cg_ptr + row)
         eg = tl.load(eg_ptr + row)
         tg = tl.load(tg_ptr + row)
-        for c0 in tl.range(0, p_full, STEP, num_stages=STAGES):
+        for c0 in range(0, p_full, STEP):
             _ce_grad_step(
                 z_row, c0, cols, P, tgt_rel - c0, lse2, log_s, cg, eg, tg, softcap, cew_ptr,
                 HAS_SOFTCAP, PAIR, BLOCK_V, False, False, EXACT, LSW,

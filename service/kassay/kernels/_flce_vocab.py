@@ -191,7 +191,6 @@ def vocab_forward(
                 FIRST=v0 == 0,
                 BLOCK_V=block_v,
                 PAIR=cfg.ce_pair,
-                STAGES=K.VOCAB_STATS_STAGES_GPU,
                 num_warps=warps,
             )
     del zbuf
@@ -590,7 +589,6 @@ def vocab_backward(
                 LSW=lsw,
                 BLOCK_V=block_v,
                 PAIR=cfg.ce_pair,
-                STAGES=K.VOCAB_GRAD_STAGES_GPU,
                 num_warps=warps,
             )
             if pn.gb and gb is not None:
