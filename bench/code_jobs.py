@@ -35,8 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 from common import run_meta, save_json
+
+from service import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,21 +118,6 @@ def _spec(name: str, impls: list[str], artifacts: list[str]) -> dict[str, Any]:
     return spec
 
 
-def _wait_ready(url: str, serve: subprocess.Popen[bytes], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if serve.poll() is not None:
-            raise SystemExit("kassay serve exited")
-        try:
-            r = httpx.get(f"{url}/readyz", timeout=2.0)
-            if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise SystemExit("kassay serve not ready")
-
-
 def _run_job(client: Any, spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     job = client.jobs.create(spec)
@@ -183,7 +169,7 @@ def main() -> None:
     runs: dict[str, Any] = {}
     try:
         t0 = time.perf_counter()
-        _wait_ready(url, serve)
+        wait_ready(url, timeout=300, proc=serve)
         startup = time.perf_counter() - t0
         with Client(url, timeout=120) as kc:
             digests = [kc.artifacts.upload(data / n).digest for n in ("kassay_up_merge.py",)]

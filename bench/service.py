@@ -71,11 +71,15 @@ def start(args: list[str], log: Path, extra_env: dict[str, str]) -> subprocess.P
         )
 
 
-def wait_ready(url: str, timeout: float = 180) -> None:
+def wait_ready(url: str, timeout: float = 180, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until the API at `url` reports a worker up on /readyz; exit if `proc` (the
+    `kassay serve` behind it, when the caller started one) exits first."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"the service at {url} exited (rc {proc.returncode})")
         try:
             r = httpx.get(f"{url}/readyz", timeout=2)
             if r.status_code == 200 and r.json().get("workers_up"):

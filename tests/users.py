@@ -7,8 +7,13 @@ repository."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
+
+import httpx
+import pytest
 
 _SCRIPT = Path(sys.executable).with_name("kassay")
 if not _SCRIPT.exists():  # pragma: no cover - an install without its console script
@@ -34,7 +39,6 @@ def run_on_a_terminal(cmd: list[str], **kw: object) -> tuple[int, str]:
     """Run `cmd` with its stdout on a pseudo-terminal, as a user at a shell sees it (commands
     print tables there, CI lines to a pipe): its exit code and what it printed."""
     import pty
-    import subprocess
     import threading
 
     master, slave = pty.openpty()
@@ -59,3 +63,21 @@ def run_on_a_terminal(cmd: list[str], **kw: object) -> tuple[int, str]:
     reader.join(timeout=10)
     os.close(master)
     return done.returncode, b"".join(chunks).decode(errors="replace")
+
+
+def wait_serve_ready(
+    url: str, serve: subprocess.Popen[bytes], log: Path, timeout: float = 180
+) -> None:
+    """Wait until a `kassay serve` at `url` reports a worker up on /readyz; fail with the tail
+    of its log if it exits or is not ready in `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert serve.poll() is None, log.read_text()[-3000:]
+        try:
+            r = httpx.get(f"{url}/readyz", timeout=2.0)
+            if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"kassay serve not ready:\n{log.read_text()[-3000:]}")

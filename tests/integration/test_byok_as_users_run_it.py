@@ -12,31 +12,15 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from users import KASSAY, user_env
+from users import KASSAY, user_env, wait_serve_ready
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 PIP_WHEEL = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-
-
-def _wait_ready(url: str, serve: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert serve.poll() is None, log.read_text()[-3000:]
-        try:
-            r = httpx.get(f"{url}/readyz", timeout=2.0)
-            if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"kassay serve not ready:\n{log.read_text()[-3000:]}")
 
 
 def test_the_readme_kernel_package_passes_every_case(procs, tmp_path: Path) -> None:
@@ -57,7 +41,7 @@ def test_the_readme_kernel_package_passes_every_case(procs, tmp_path: Path) -> N
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_ready(url, serve, log)
+        wait_serve_ready(url, serve, log)
         env = user_env({"KASSAY_SERVER": url})
         done = subprocess.run(
             [

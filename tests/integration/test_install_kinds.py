@@ -15,12 +15,10 @@ import shutil
 import site
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
-from users import user_env
+from users import user_env, wait_serve_ready
 
 from kassay.contract.results import Report
 
@@ -78,20 +76,6 @@ def _fresh_venv(tmp: Path) -> Path:
     return venv / "bin"
 
 
-def _wait_ready(url: str, serve: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        assert serve.poll() is None, log.read_text()[-3000:]
-        try:
-            r = httpx.get(f"{url}/readyz", timeout=2.0)
-            if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    pytest.fail(f"kassay serve not ready:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def fresh_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _fresh_venv(tmp_path_factory.mktemp("fresh"))
@@ -144,7 +128,7 @@ def test_a_wheel_install_with_an_editable_plugin_runs_code_jobs(
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        _wait_ready(url, serve, log)
+        wait_serve_ready(url, serve, log)
         done = subprocess.run(
             [
                 kassay,
