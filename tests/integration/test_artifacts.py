@@ -147,9 +147,24 @@ class CodeStack:
     api: Any
     wheel: Path
     tmp: Path
+    #: the worker's Prometheus /metrics
+    metrics_url: str
 
     def client(self, token: str | None = CODE_TOKEN) -> Client:
         return Client(self.url, token=token, timeout=60)
+
+    def runner_starts(self, outcome: str) -> float:
+        """The worker's count of impl runner starts with this outcome (ready, failed)."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = httpx.get(self.metrics_url, timeout=10).text
+        for fam in text_string_to_metric_families(text):
+            for x in fam.samples:
+                if x.name == "kassay_worker_runner_starts_total" and x.labels == {
+                    "outcome": outcome
+                }:
+                    return x.value
+        return 0.0
 
 
 def _build_wheel(tmp: Path) -> Path:
@@ -170,9 +185,11 @@ def _build_wheel(tmp: Path) -> Path:
 def code_stack(module_procs: Any) -> Iterator[CodeStack]:
     tmp = module_procs.tmp
     secret_env = {"KASSAY_TEST_SECRET": SECRET, "AWS_SECRET_ACCESS_KEY": SECRET}
+    metrics_port = module_procs.free_port()
     worker = module_procs.worker(
         env={
             **secret_env,
+            "KASSAY_WORKER_METRICS_LISTEN": f"127.0.0.1:{metrics_port}",
             "KASSAY_SANDBOX_MEMORY_BYTES": str(1536 << 20),
             "KASSAY_SANDBOX_NPROC": "200",
             "KASSAY_WORKER_TOKEN": WORKER_TOKEN,
@@ -196,7 +213,8 @@ def code_stack(module_procs: Any) -> Iterator[CodeStack]:
     wheel = _build_wheel(tmp)
     try:
         module_procs.wait_ready(api, worker)
-        yield CodeStack(api.extra["url"], port, worker, api, wheel, tmp)
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        yield CodeStack(api.extra["url"], port, worker, api, wheel, tmp, metrics_url)
     finally:
         for p in (api, worker):
             p.stop()
@@ -277,6 +295,8 @@ def test_a_wheel_built_here_runs_next_to_torch(code_stack: CodeStack) -> None:
     assert f"sha256:{first.digest}" in done.stderr
     assert 'failures="0"' in junit.read_text() and "example_merge" in md.read_text()
     assert f"code brought by the job: sha256 {first.digest[:16]}" in md.read_text()
+    # the worker's /metrics counted the runner that ran it
+    assert code_stack.runner_starts("ready") >= 1
 
     with code_stack.client() as kc:
         (job,) = kc.jobs.list(limit=1).items
@@ -476,6 +496,7 @@ def test_an_artifact_that_exits_at_import_fails_only_its_own_impl(code_stack: Co
     the impl it should have provided fails alone, saying why (#38)."""
     module = code_stack.tmp / "kassay_exit_at_import.py"
     module.write_text(EXIT_AT_IMPORT)
+    failed_before = code_stack.runner_starts("failed")
     with code_stack.client() as kc:
         digest = kc.artifacts.upload(module).digest
         job = kc.jobs.wait(kc.jobs.create(_spec(["torch"], [digest])).id, timeout=120)
@@ -492,6 +513,8 @@ def test_an_artifact_that_exits_at_import_fails_only_its_own_impl(code_stack: Co
         assert "impl 'mine' not available" in msg and "did not start" in msg, msg
         assert "exited with code 3" in msg, msg
         _assert_serving(kc)
+    # a runner that did not start is counted as such on the worker's /metrics
+    assert code_stack.runner_starts("failed") > failed_before
 
 
 #: a kernel package whose entry point fails to import (a module it forgot to ship)

@@ -52,6 +52,20 @@ def test_cases_durations_and_restarts() -> None:
     assert got[("kassay_worker_executor_restarts_total", ())] == 2
 
 
+def test_runner_starts_by_outcome_with_their_durations() -> None:
+    m = WorkerMetrics(restarts=lambda: 0, device="cpu")
+    assert ("kassay_worker_runner_starts_total", (("outcome", "ready"),)) not in samples(m)
+    m.observe_runner_start(True, 1.5)
+    m.observe_runner_start(True, 2.5)
+    m.observe_runner_start(False, 0.25)
+    got = samples(m)
+    assert got[("kassay_worker_runner_starts_total", (("outcome", "ready"),))] == 2
+    assert got[("kassay_worker_runner_starts_total", (("outcome", "failed"),))] == 1
+    assert got[("kassay_worker_runner_start_seconds_count", ())] == 3
+    assert got[("kassay_worker_runner_start_seconds_sum", ())] == 4.25
+    assert got[("kassay_worker_runner_start_seconds_bucket", (("le", "2.0"),))] == 2
+
+
 def test_gpu_gauges_from_nvml_for_the_visible_cards() -> None:
     nvml = FakeNvml()
     m = WorkerMetrics(restarts=lambda: 0, device="cuda:0", nvml_loader=lambda: nvml)

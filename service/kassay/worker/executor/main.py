@@ -25,7 +25,8 @@ Messages, supervisor -> executor:
 executor -> supervisor:
     {"type": "ready", "info": {...}}             once, after imports and device set-up
     {"type": "fatal", "error": str}              start-up failed (then exits 2)
-    {"type": "runner_starting"} | {"type": "runner_ready"}   around an impl runner's start
+    {"type": "runner_starting"} | {"type": "runner_ready", "ok", "seconds"}   around an impl
+                                          runner's start (ok: it started; seconds it took)
     {"type": "started", "case_id": str}          before each case
     {"type": "result", "result": CaseResult dump}
     {"type": "poisoned", "reason": str}          the CUDA context is unusable (then exits 3)
@@ -226,13 +227,15 @@ class Executor:
                 list(paths.values()),
                 label="artifacts " + ", ".join(d[:12] for d in paths),
             )
-            self.chan.send({"type": "runner_ready"})
             runner = self.runners[key]
+            seconds = time.perf_counter() - t0
+            self.chan.send(
+                {"type": "runner_ready", "ok": runner.start_error is None, "seconds": seconds}
+            )
             # the worker's log says what a code job's runner cost (bench/code_jobs.py reads it)
             print(
                 f"kassay: impl runner of {runner.label} "
-                f"{'ready' if runner.start_error is None else 'failed'} in "
-                f"{time.perf_counter() - t0:.2f} s",
+                f"{'ready' if runner.start_error is None else 'failed'} in {seconds:.2f} s",
                 file=sys.stderr,
             )
         return self.runners[key]

@@ -63,7 +63,7 @@ class RunHandle:
 class RunHost(Protocol):
     """What a running group needs of the supervisor: its executor, the runner leases of code
     jobs, the worker's id, case and start-up timeouts, the state it shows in Describe, whether
-    to stop (cancel, drain)."""
+    to stop (cancel, drain), where to count an impl runner's start."""
 
     worker_id: str
     device: str
@@ -88,6 +88,8 @@ class RunHost(Protocol):
     async def mark_busy(self) -> None: ...
 
     async def mark_idle(self) -> None: ...
+
+    def runner_started(self, ok: bool, seconds: float) -> None: ...
 
 
 @dataclass
@@ -259,6 +261,11 @@ class ActiveGroup:
             self.started_at, self.deadline = now, now + self.sup.start_timeout_s
         elif mtype == "runner_ready":
             self._restart_clock(now)
+            seconds = msg.get("seconds")
+            self.sup.runner_started(
+                msg.get("ok") is not False,
+                float(seconds) if isinstance(seconds, (int, float)) else now - self.started_at,
+            )
         elif mtype == "started":
             self._case_started(str(msg.get("case_id")), now)
         elif mtype == "result":

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 #: case durations: CPU cases take milliseconds, timed GPU cases seconds, big grids minutes
 CASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
+# an impl runner starts in ~1-3 s when torch is warm in the page cache, up to a minute cold
+RUNNER_START_BUCKETS = (0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
 
 
 def load_nvml() -> Any | None:
@@ -154,6 +156,18 @@ class WorkerMetrics:
             registry=r,
         )
         r.register(_Restarts(restarts))
+        self.runner_starts = Counter(
+            "kassay_worker_runner_starts",
+            "impl runners started for code jobs' uploaded code, by outcome (ready, failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.runner_start_seconds = Histogram(
+            "kassay_worker_runner_start_seconds",
+            "an impl runner's start: sandbox, Python, torch and the artifacts' imports",
+            buckets=RUNNER_START_BUCKETS,
+            registry=r,
+        )
         self.gpus: GpuCollector | None = None
         if device.startswith("cuda") or device == "auto":
             nvml = nvml_loader()
@@ -169,6 +183,10 @@ class WorkerMetrics:
     def observe(self, result: CaseResult) -> None:
         self.cases.labels(result.op, result.impl, result.status).inc()
         self.case_seconds.labels(result.op, result.impl).observe(result.duration_s)
+
+    def observe_runner_start(self, ok: bool, seconds: float) -> None:
+        self.runner_starts.labels("ready" if ok else "failed").inc()
+        self.runner_start_seconds.observe(seconds)
 
     def serve(self, listen: str) -> tuple[int, Callable[[], None]]:
         """Serve /metrics on HOST:PORT (a thread; port 0 picks one); returns the port and how

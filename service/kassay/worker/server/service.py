@@ -476,6 +476,7 @@ async def serve(config: WorkerConfig, *, ready: asyncio.Event | None = None) -> 
         sandbox_config=config.sandbox,
     )
     metrics = WorkerMetrics(restarts=lambda: sup.restarts, device=config.device)
+    sup.on_runner_start = metrics.observe_runner_start
     stop_metrics: Any = None
     if config.metrics_listen:
         try:

@@ -91,6 +91,8 @@ class Supervisor:
         self.info: dict[str, Any] = {}
         self.ceilings: dict[str, float] | None = None
         self.restarts = 0
+        #: told of each impl runner start (started or not, seconds): the worker's metrics
+        self.on_runner_start: Callable[[bool, float], None] | None = None
         self.last_error = ""
         self.current_group: str | None = None
         self.current_case: str | None = None
@@ -349,6 +351,11 @@ class Supervisor:
         if self._starting is None or self._starting.done():  # a finished start is never reused
             self._starting = asyncio.ensure_future(self._start_executor())
         return await asyncio.shield(self._starting)
+
+    def runner_started(self, ok: bool, seconds: float) -> None:
+        """An executor started a code job's impl runner (`ok`: it came up) in `seconds`."""
+        if self.on_runner_start is not None:
+            self.on_runner_start(ok, seconds)
 
     async def lose_executor(self, exe: ExecutorProcess, *, kill: bool) -> int:
         """Forget a dead (or doomed) executor and start the next one in the background."""
