@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 #: case durations: CPU cases take milliseconds, timed GPU cases seconds, big grids minutes
 CASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
-# an impl runner starts in ~1-3 s when torch is warm in the page cache, up to a minute cold
+# an impl runner start (sandbox, Python, torch, the artifacts' imports) takes seconds; cold caches more
 RUNNER_START_BUCKETS = (0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120)
 
 
