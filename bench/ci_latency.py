@@ -21,8 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
 from common import run_meta, save_json
+
+from service import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,20 +63,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t_start = time.perf_counter()
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if serve.poll() is not None:  # died at start (a missing package): say so now
-                tail = (Path(data) / "serve.log").read_text(errors="replace")[-2000:]
-                raise SystemExit(f"kassay serve exited with {serve.returncode}:\n{tail}")
-            try:
-                r = httpx.get(f"{url}/readyz", timeout=2)
-                if r.status_code == 200 and r.json().get("workers_up", 0) >= 1:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise SystemExit("kassay serve did not become ready")
+        wait_ready(url, timeout=300, proc=serve, log=Path(data) / "serve.log")
         print(f"serve ready in {time.perf_counter() - t_start:.1f} s", flush=True)
         text = Path(args.spec).read_text()
         with Client(url, timeout=60) as client:

@@ -71,15 +71,22 @@ def start(args: list[str], log: Path, extra_env: dict[str, str]) -> subprocess.P
         )
 
 
-def wait_ready(url: str, timeout: float = 180, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_ready(
+    url: str,
+    timeout: float = 180,
+    proc: subprocess.Popen[bytes] | None = None,
+    log: Path | None = None,
+) -> None:
     """Wait until the API at `url` reports a worker up on /readyz; exit if `proc` (the
-    `kassay serve` behind it, when the caller started one) exits first."""
+    `kassay serve` behind it, when the caller started one) exits first, with the tail of its
+    `log` where there is one (a missing package says so at once)."""
     import httpx
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"the service at {url} exited (rc {proc.returncode})")
+            tail = log.read_text(errors="replace")[-2000:] if log is not None else ""
+            raise SystemExit(f"the service at {url} exited (rc {proc.returncode})\n{tail}")
         try:
             r = httpx.get(f"{url}/readyz", timeout=2)
             if r.status_code == 200 and r.json().get("workers_up"):
